@@ -1,0 +1,33 @@
+//! Author TPU kernels in Rust.
+//!
+//! - [`types`]: element types, static and symbolic dimensions, tensor types.
+//! - [`builder`]: the typed, fallible [`KernelBuilder`] and its [`Tensor`] values.
+//! - [`ir`]: the arena IR and the one table of type rules; [`printer`] turns a verified
+//!   [`Module`] into StableHLO text, byte-for-byte deterministic.
+//! - [`reader`]: reads the StableHLO text the project must understand (signatures, symbols,
+//!   locations), for imported kernels.
+//! - [`registration`]: the record every kernel registers through, collected with `inventory`.
+//! - [`kernels`]: the standard kernels.
+
+pub mod builder;
+mod error;
+pub mod ir;
+pub mod kernels;
+pub mod literal;
+pub mod printer;
+pub mod reader;
+pub mod registration;
+pub mod types;
+mod verify;
+
+pub use builder::{KernelBuilder, Tensor};
+pub use error::{BuildError, ErrorKind, OpError};
+pub use ir::Module;
+pub use registration::{KernelRegistration, KernelSignature, registered};
+pub use types::{DType, Dim, Shape, TensorType};
+
+/// Items the generated code of `#[tpu_kernel]` names. Not a stable API.
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+}

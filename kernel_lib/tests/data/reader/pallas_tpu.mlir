@@ -1,0 +1,16 @@
+#loc1 = loc("x")
+#loc2 = loc("y")
+module @jit_padd attributes {jax.uses_shape_polymorphism = false, mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<16x128xf32> loc("x"), %arg1: tensor<16x128xf32> loc("y")) -> (tensor<16x128xf32> {jax.result_info = "result"}) {
+    %0 = stablehlo.custom_call @tpu_custom_call(%arg0, %arg1) {backend_config = "{\22custom_call_config\22: {\22body\22: \22TUzvUgFNTElSMjQuMC4wZ2l0AAEhCQEDBQcBAwkDDQsNDxETFQPVrxMBpwcLExMLCwsPCwtTCw8PDw8LCwsLCwsPDxsLD0sLDwsLCzMLCwsLFxsLGwsbCxsbGw8PCw8LDwsPDw8bDw8PGxMLDwsPCw8bCw8LDxsjCw8LUwsTBQeRYU0HA1kBEw8HIw8bBx8bCwIOBx8FFwMDJ2EDAydvBRkFGwUdHY+RBR8FISMHBSEIAAAAAAAAAIAAAAAAAAAADQ8dKXEdA3UdKXcRBwEFIwUlBScFKQUrBS0dA40dA5cDBTM1CQMFLxEHPQMROTsLPUFDRR9HHwkDSatLTQUxAQOnDQ0vEQUzIwcDEQIAAAAAAAAABTUFNwU5BTsBB09TVwMFEVETFQkhAwURVRMVCSMDBRFZExUJJQMFCxcJIQMFCxcJIwMFCxcJJREBAR1lAQU9HWkBBT8dbQEFQREDAR0rcxUbGy0NBzUjNx0reRUbex0DfS0NBzU9UQMDga0FQx2FhwVFHYmLBUcVLS0tDQc1I1EFSR2TlQVLFS8vLQ0HNQkdAwebnZ+ho6UFTRERAAVPIwEJIQEAAAABAAAAAgAAAAAAAAAFUSMBAQEjdHB1LmRpbWVuc2lvbl9zZW1hbnRpY3M8YXJiaXRyYXJ5PgAjdHB1Lm1lbW9yeV9zcGFjZTx2bWVtPgAjdHB1LmNvcmVfdHlwZTx0Yz4AI2FyaXRoLmZhc3RtYXRoPG5vbmU+AAECAgMXqQUhAgQLPwECBCcFIQIECwsFCQEFBQUBBQMBBQEBAQkEFgMFAREBMQcDAREFEQE3BwMdMwkBAQVjBWcFawMDGQcDAwMDGQcDAwkGGQMJBwMJCwMDHQcDAwMDHQcDAwkGHQMJBwUPEQsHg38DCQUNEwMDDwcDAwMDDwcDAwkGDwMJBwcXGQ0FD5kJFQcXGQcAAQURAVsHAwcPAwEBAwMBBQMBAwMBBQMBBwQBBQEDBREBXQcDBw8DAQEDAwEFAwEDAwEFAwEHBAEFAQMFEQFfBwMHDwMBAQMDAQUDAQMDAQUDAQcEAQUBAwYDAQUBAPoHUxEpCRUNEQsTDQ0NHR0jISMpLRELDRkZGR0lLx0TFyMXGRkVHw8NCR0RYnVpbHRpbgBzdGFibGVfbW9zYWljAHRwdQBhcml0aABtb2R1bGUAYXJpdGguY29uc3RhbnQAZnVuYy5mdW5jAGZ1bmMucmV0dXJuAHZlY3Rvci5sb2FkAGFyaXRoLmFkZGYAdHB1LnZlY3Rvcl9zdG9yZQBhZGRfa2VybmVsAHN5bV9uYW1lAGZ1bmN0aW9uX3R5cGUAL3RtcC9yZWFkZXItZ2VuL2dlbi5weQB0cmFuc2Zvcm1faW5kaWNlcwB3aW5kb3dfYm91bmRzAHRyYW5zZm9ybV8wAHRyYW5zZm9ybV8xAHRyYW5zZm9ybV8yAHZhbHVlAGdldDoAZ2V0L2dldABzdGFibGVfbW9zYWljLnZlcnNpb24AZGltZW5zaW9uX3NlbWFudGljcwBpdGVyYXRpb25fYm91bmRzAHNjYWxhcl9wcmVmZXRjaABzY3JhdGNoX29wZXJhbmRzAHRwdS5jb3JlX3R5cGUAd2luZG93X3BhcmFtcwB4X3JlZgB5X3JlZgBvX3JlZgBmYXN0bWF0aABhZGQ6AGFkZC9hZGQAc3dhcDoAc3dhcC9zd2FwAGFkZABvcGVyYW5kU2VnbWVudFNpemVzAHN0cmlkZXMA\22, \22serialization_format\22: 1, \22needs_layout_passes\22: true}}", kernel_name = "add_kernel", mhlo.frontend_attributes = {kernel_metadata = "{}"}, operand_layouts = [dense<[1, 0]> : tensor<2xindex>, dense<[1, 0]> : tensor<2xindex>], result_layouts = [dense<[1, 0]> : tensor<2xindex>]} : (tensor<16x128xf32>, tensor<16x128xf32>) -> tensor<16x128xf32> loc(#loc9)
+    return %0 : tensor<16x128xf32> loc(#loc8)
+  } loc(#loc)
+} loc(#loc)
+#loc = loc(unknown)
+#loc3 = loc("/tmp/reader-gen/gen.py":28:11 to 30:83)
+#loc4 = loc("/tmp/reader-gen/gen.py":32:4 to :58)
+#loc5 = loc("padd"(#loc3))
+#loc6 = loc("<module>"(#loc4))
+#loc7 = loc(callsite(#loc5 at #loc6))
+#loc8 = loc("jit(padd)"(#loc6))
+#loc9 = loc("jit(padd)/pallas_call"(#loc7))
