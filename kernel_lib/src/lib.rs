@@ -31,3 +31,8 @@ pub use types::{DType, Dim, Shape, TensorType};
 pub mod __private {
     pub use inventory;
 }
+
+/// The README's Rust examples compile and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
