@@ -1,0 +1,274 @@
+//! Costs of the PJRT layer on the XLA CPU plugin, printed side by side with their targets:
+//! tiny round trip, execute alone, in-place read, a 64 MiB elementwise kernel with donation
+//! against memcpy in the same run, and compile times.
+//!
+//! `cargo bench -p tpu-kernels-registry --bench pjrt` (needs `scripts/dev setup`).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use tpu_kernels_registry::pjrt::{
+    Buffer, Client, ClientOptions, CompileOptions, Input, LoadedExecutable, Plugin, Program,
+};
+
+const ADD: &str = r#"
+func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = stablehlo.add %a, %b : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}"#;
+
+const N_64MIB: usize = 16 * 1024 * 1024; // f32 elements in 64 MiB
+
+fn inplace_add_one() -> String {
+    format!(
+        r#"
+func.func @main(%x: tensor<{N_64MIB}xf32> {{tf.aliasing_output = 0 : i32}}) -> tensor<{N_64MIB}xf32> {{
+  %one = stablehlo.constant dense<1.0> : tensor<{N_64MIB}xf32>
+  %0 = stablehlo.add %x, %one : tensor<{N_64MIB}xf32>
+  return %0 : tensor<{N_64MIB}xf32>
+}}"#
+    )
+}
+
+const RMS_NORM: &str = r#"
+func.func @main(%x: tensor<1024x4096xf32>, %w: tensor<4096xf32>) -> tensor<1024x4096xf32> {
+  %sq = stablehlo.multiply %x, %x : tensor<1024x4096xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %sum = stablehlo.reduce(%sq init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<1024x4096xf32>, tensor<f32>) -> tensor<1024xf32>
+  %n = stablehlo.constant dense<4096.0> : tensor<1024xf32>
+  %mean = stablehlo.divide %sum, %n : tensor<1024xf32>
+  %eps = stablehlo.constant dense<1.0e-6> : tensor<1024xf32>
+  %var = stablehlo.add %mean, %eps : tensor<1024xf32>
+  %r = stablehlo.rsqrt %var : tensor<1024xf32>
+  %rb = stablehlo.broadcast_in_dim %r, dims = [0] : (tensor<1024xf32>) -> tensor<1024x4096xf32>
+  %wb = stablehlo.broadcast_in_dim %w, dims = [1] : (tensor<4096xf32>) -> tensor<1024x4096xf32>
+  %y = stablehlo.multiply %x, %rb : tensor<1024x4096xf32>
+  %out = stablehlo.multiply %y, %wb : tensor<1024x4096xf32>
+  return %out : tensor<1024x4096xf32>
+}"#;
+
+/// Median time of one call of `f`, over `batches` batches of `per_batch` calls.
+fn median(batches: usize, per_batch: usize, mut f: impl FnMut()) -> Duration {
+    let mut times: Vec<Duration> = (0..batches)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..per_batch {
+                f();
+            }
+            start.elapsed() / per_batch as u32
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+struct Setup {
+    client: Client,
+    add: LoadedExecutable,
+    inplace: LoadedExecutable,
+}
+
+fn setup() -> Option<Setup> {
+    let plugin = match Plugin::cpu() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("*** SKIPPED pjrt bench: {e}");
+            return None;
+        }
+    };
+    let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(1)).ok()?;
+    let add = client.compile(&Program::text(ADD), &CompileOptions::new()).ok()?;
+    let inplace = client.compile(&Program::text(inplace_add_one()), &CompileOptions::new()).ok()?;
+    Some(Setup { client, add, inplace })
+}
+
+fn round_trip(s: &Setup, a: &[f32; 4], b: &[f32; 4]) -> f32 {
+    let x = s.client.buffer_from_host(a, &[4]).expect("upload");
+    let y = s.client.buffer_from_host(b, &[4]).expect("upload");
+    let out = s.add.execute(&[&x, &y]).expect("execute");
+    out[0].read_in_place_as::<f32, _>(|v| v[3]).expect("read")
+}
+
+fn round_trip_to_host(s: &Setup, a: &[f32; 4], b: &[f32; 4], dst: &mut [f32; 4]) {
+    let x = s.client.buffer_from_host(a, &[4]).expect("upload");
+    let y = s.client.buffer_from_host(b, &[4]).expect("upload");
+    let out = s.add.execute(&[&x, &y]).expect("execute");
+    out[0].to_host(dst).expect("read");
+}
+
+fn donate_step(s: &Setup, buf: Buffer) -> Buffer {
+    let mut out = s.inplace.execute_with(vec![Input::Donated(buf)]).expect("execute");
+    out.pop().expect("one output")
+}
+
+fn benches(c: &mut Criterion, s: &Setup) {
+    let (a, b) = ([1.0f32, 2.0, 3.0, 4.0], [10.0f32; 4]);
+    let xa = s.client.buffer_from_host(&a, &[4]).expect("upload");
+    let xb = s.client.buffer_from_host(&b, &[4]).expect("upload");
+    let out = s.add.execute(&[&xa, &xb]).expect("execute");
+
+    let mut g = c.benchmark_group("tiny");
+    g.bench_function("round_trip_2_uploads_execute_read_in_place", |bench| {
+        bench.iter(|| black_box(round_trip(s, &a, &b)))
+    });
+    let mut dst = [0.0f32; 4];
+    g.bench_function("round_trip_2_uploads_execute_to_host", |bench| {
+        bench.iter(|| round_trip_to_host(s, &a, &b, &mut dst))
+    });
+    g.bench_function("execute", |bench| bench.iter(|| black_box(s.add.execute(&[&xa, &xb]))));
+    g.bench_function("read_in_place", |bench| {
+        bench.iter(|| black_box(out[0].read_in_place_as::<f32, _>(|v| v[0])))
+    });
+    g.bench_function("upload_f32x4", |bench| {
+        bench.iter(|| black_box(s.client.buffer_from_host(&a, &[4])))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("64MiB");
+    g.sample_size(20).throughput(Throughput::Bytes((N_64MIB * 4) as u64));
+    let mut buf =
+        Some(s.client.buffer_from_host(&vec![0.0f32; N_64MIB], &[N_64MIB as i64]).expect("upload"));
+    g.bench_function("add_one_donated", |bench| {
+        bench.iter(|| {
+            let next = donate_step(s, buf.take().expect("buffer"));
+            buf = Some(next);
+        })
+    });
+    let src = vec![1u8; N_64MIB * 4];
+    let mut dst = vec![0u8; N_64MIB * 4];
+    g.bench_function("memcpy", |bench| {
+        bench.iter(|| {
+            dst.copy_from_slice(black_box(&src));
+            black_box(&dst);
+        })
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("compile");
+    g.sample_size(10);
+    for (name, text) in [("tiny_add", ADD), ("rms_norm_1024x4096", RMS_NORM)] {
+        let program = Program::text(text);
+        g.bench_with_input(BenchmarkId::from_parameter(name), &program, |bench, p| {
+            bench.iter(|| black_box(s.client.compile(p, &CompileOptions::new()).expect("compile")))
+        });
+    }
+    g.finish();
+}
+
+fn summary(s: &Setup) {
+    let (a, b) = ([1.0f32, 2.0, 3.0, 4.0], [10.0f32; 4]);
+    let xa = s.client.buffer_from_host(&a, &[4]).expect("upload");
+    let xb = s.client.buffer_from_host(&b, &[4]).expect("upload");
+    let out = s.add.execute(&[&xa, &xb]).expect("execute");
+    let rt = median(41, 500, || {
+        black_box(round_trip(s, &a, &b));
+    });
+    let mut dst = [0.0f32; 4];
+    let rt_host = median(41, 500, || round_trip_to_host(s, &a, &b, &mut dst));
+    let exec = median(41, 500, || {
+        black_box(s.add.execute(&[&xa, &xb]).expect("execute"));
+    });
+    let read = median(41, 2000, || {
+        black_box(out[0].read_in_place_as::<f32, _>(|v| v[0]).expect("read"));
+    });
+    let mut small = [0.0f32; 4];
+    let transfer = median(21, 100, || {
+        out[0].to_host_via_transfer(&mut small).expect("transfer");
+    });
+
+    let mut buf =
+        Some(s.client.buffer_from_host(&vec![0.0f32; N_64MIB], &[N_64MIB as i64]).expect("upload"));
+    let kernel = median(15, 1, || {
+        let next = donate_step(s, buf.take().expect("buffer"));
+        buf = Some(next);
+    });
+    let src = vec![1u8; N_64MIB * 4];
+    let mut dst = vec![0u8; N_64MIB * 4];
+    let memcpy = median(15, 1, || {
+        dst.copy_from_slice(black_box(&src));
+        black_box(&dst);
+    });
+    let compile_tiny = median(5, 1, || {
+        black_box(s.client.compile(&Program::text(ADD), &CompileOptions::new()).expect("compile"));
+    });
+    let compile_rms = median(5, 1, || {
+        black_box(
+            s.client.compile(&Program::text(RMS_NORM), &CompileOptions::new()).expect("compile"),
+        );
+    });
+
+    let gbps = |d: Duration| (N_64MIB * 4) as f64 / d.as_secs_f64() / 1e9;
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let ratio = memcpy.as_secs_f64() / kernel.as_secs_f64();
+    let verdict = |ok: bool| if ok { "ok" } else { "MISSED" };
+    println!("\n== pjrt summary (medians, this run) ==");
+    println!("{:<52} {:>12} {:>14} {:>7}", "measurement", "median", "target", "");
+    println!(
+        "{:<52} {:>9.2} us {:>14} {:>7}",
+        "tiny round trip (2 uploads, execute, read in place)",
+        us(rt),
+        "<= 10 us",
+        verdict(us(rt) <= 10.0)
+    );
+    println!(
+        "{:<52} {:>9.2} us {:>14} {:>7}",
+        "tiny round trip (2 uploads, execute, to_host)",
+        us(rt_host),
+        "",
+        ""
+    );
+    println!(
+        "{:<52} {:>9.2} us {:>14} {:>7}",
+        "execute alone (+ wait)",
+        us(exec),
+        "<= 4 us",
+        verdict(us(exec) <= 4.0)
+    );
+    println!("{:<52} {:>9.3} us {:>14} {:>7}", "read in place", us(read), "~0.2 us", "");
+    println!(
+        "{:<52} {:>9.2} us {:>14} {:>7}",
+        "read f32x4 via PJRT_Buffer_ToHostBuffer + await",
+        us(transfer),
+        "",
+        ""
+    );
+    println!(
+        "{:<52} {:>9.2} ms {:>14} {:>7}",
+        format!("64 MiB x+1, donated ({:.1} GB/s)", gbps(kernel)),
+        ms(kernel),
+        "",
+        ""
+    );
+    println!(
+        "{:<52} {:>9.2} ms {:>14} {:>7}",
+        format!("64 MiB memcpy ({:.1} GB/s)", gbps(memcpy)),
+        ms(memcpy),
+        "",
+        ""
+    );
+    println!(
+        "{:<52} {:>11.0}% {:>14} {:>7}",
+        "kernel speed relative to memcpy",
+        ratio * 100.0,
+        ">= 70%",
+        verdict(ratio >= 0.7)
+    );
+    println!("{:<52} {:>9.2} ms {:>14} {:>7}", "compile tiny module", ms(compile_tiny), "", "");
+    println!(
+        "{:<52} {:>9.2} ms {:>14} {:>7}",
+        "compile RMSNorm 1024x4096",
+        ms(compile_rms),
+        "",
+        ""
+    );
+}
+
+fn main() {
+    let Some(s) = setup() else { return };
+    let mut c = Criterion::default().configure_from_args();
+    benches(&mut c, &s);
+    c.final_summary();
+    summary(&s);
+}

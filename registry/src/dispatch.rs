@@ -1,0 +1,381 @@
+//! The eager dispatcher: one op call at a time through a selected kernel on a PJRT client.
+//!
+//! A call is memoised by (op, input types, static values, contiguity): the first call selects,
+//! specialises, compiles (through the [`CompileCache`]) and remembers the executable; later calls
+//! with the same metadata go straight to upload, execute, done. Any kernel-side failure (no
+//! kernel, a build, compile or execute error, bad host data) becomes a [`Fallback`] with a
+//! reason, counted per op; the caller then runs the original op. With `strict` set, fallbacks
+//! are errors instead.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use tpu_kernels::registration::{KernelSignature, Platform, StaticValue};
+use tpu_kernels::{BuildError, DType, TensorType};
+
+use crate::cache::CompileCache;
+use crate::index::{CallMeta, Kernel, NoKernel, Registry, normalize_op, platform_from_name};
+use crate::pjrt::{self, Buffer, Client, CompileOptions, ElementType, LoadedExecutable, Program};
+
+/// The PJRT element type of a dtype (`None` for the fp8 types, which PJRT buffers here do not
+/// carry).
+pub fn element_type(dtype: DType) -> Option<ElementType> {
+    Some(match dtype {
+        DType::F32 => ElementType::F32,
+        DType::F64 => ElementType::F64,
+        DType::BF16 => ElementType::BF16,
+        DType::F16 => ElementType::F16,
+        DType::I8 => ElementType::S8,
+        DType::I16 => ElementType::S16,
+        DType::I32 => ElementType::S32,
+        DType::I64 => ElementType::S64,
+        DType::U8 => ElementType::U8,
+        DType::U32 => ElementType::U32,
+        DType::Bool => ElementType::Pred,
+        _ => return None,
+    })
+}
+
+/// The dtype of a PJRT element type.
+pub fn dtype_of(ty: ElementType) -> Option<DType> {
+    DType::ALL.into_iter().find(|d| element_type(*d) == Some(ty))
+}
+
+/// One input of an eager call: row-major host bytes (borrowed) and their type.
+#[derive(Clone, Copy, Debug)]
+pub struct HostTensor<'a> {
+    pub ty: &'a TensorType,
+    pub data: &'a [u8],
+    /// False for strided views: kernels take contiguous inputs only, so the call falls back.
+    pub contiguous: bool,
+}
+
+/// Why a call did not run a kernel.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum FallbackReason {
+    NoKernel(NoKernel),
+    Build(BuildError),
+    Compile(String),
+    Execute(String),
+    BadInput(String),
+}
+
+impl FallbackReason {
+    /// A short category for counters: `no_kernel`, `build`, `compile`, `execute`, `bad_input`.
+    pub fn category(&self) -> &'static str {
+        match self {
+            FallbackReason::NoKernel(_) => "no_kernel",
+            FallbackReason::Build(_) => "build",
+            FallbackReason::Compile(_) => "compile",
+            FallbackReason::Execute(_) => "execute",
+            FallbackReason::BadInput(_) => "bad_input",
+        }
+    }
+}
+
+impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FallbackReason::NoKernel(e) => write!(f, "{e}"),
+            FallbackReason::Build(e) => write!(f, "{e}"),
+            FallbackReason::Compile(m) => write!(f, "compile failed: {m}"),
+            FallbackReason::Execute(m) => write!(f, "execute failed: {m}"),
+            FallbackReason::BadInput(m) => write!(f, "bad input: {m}"),
+        }
+    }
+}
+
+/// A call that ran no kernel: the caller runs the original op.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("`{op}` falls back{}: {reason}", kernel.as_ref().map(|k| format!(" from kernel `{k}`")).unwrap_or_default())]
+pub struct Fallback {
+    pub op: String,
+    pub kernel: Option<String>,
+    pub reason: FallbackReason,
+}
+
+/// What [`Dispatcher::call`] returns instead of outputs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchError {
+    /// No kernel ran; run the original op.
+    #[error(transparent)]
+    Fallback(Fallback),
+    /// Strict mode: the fallback is an error.
+    #[error("strict dispatch: {0}")]
+    Strict(Fallback),
+}
+
+impl DispatchError {
+    pub fn fallback(&self) -> &Fallback {
+        match self {
+            DispatchError::Fallback(f) | DispatchError::Strict(f) => f,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct CallKey {
+    op: String,
+    inputs: Vec<TensorType>,
+    statics: Vec<(String, String)>,
+    contiguous: Vec<bool>,
+}
+
+/// A memoised call: the kernel, its executable and the output types.
+#[derive(Debug)]
+struct Prepared {
+    kernel: Arc<Kernel>,
+    executable: Arc<LoadedExecutable>,
+}
+
+/// Per-op counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OpStats {
+    pub calls: u64,
+    pub substituted: u64,
+    /// Fallbacks by reason category.
+    pub fallbacks: BTreeMap<&'static str, u64>,
+    /// The last fallback's message.
+    pub last_fallback: Option<String>,
+    /// Kernels that ran, with counts.
+    pub kernels: BTreeMap<String, u64>,
+}
+
+/// A snapshot of the dispatcher's counters.
+#[derive(Clone, Debug, Default)]
+pub struct DispatchStats {
+    pub ops: BTreeMap<String, OpStats>,
+    /// Time spent executing kernels (upload, execute, wait).
+    pub kernel_time: Duration,
+    /// Time spent preparing calls the first time (select, build, compile or cache load).
+    pub prepare_time: Duration,
+}
+
+impl DispatchStats {
+    pub fn total_fallbacks(&self) -> u64 {
+        self.ops.values().flat_map(|s| s.fallbacks.values()).sum()
+    }
+
+    pub fn total_substituted(&self) -> u64 {
+        self.ops.values().map(|s| s.substituted).sum()
+    }
+}
+
+/// Eager dispatch of op calls to registered kernels on one PJRT client.
+#[derive(Debug)]
+pub struct Dispatcher {
+    registry: &'static Registry,
+    client: Client,
+    platform: Platform,
+    cache: Arc<CompileCache>,
+    options: CompileOptions,
+    memo: RwLock<HashMap<CallKey, Arc<Prepared>>>,
+    /// Index generation the memo was filled under; a registry change clears it.
+    memo_index: Mutex<usize>,
+    stats: Mutex<BTreeMap<String, OpStats>>,
+    kernel_nanos: AtomicU64,
+    prepare_nanos: AtomicU64,
+    strict: bool,
+}
+
+impl Dispatcher {
+    /// A dispatcher over `client` using the process registry and `cache`.
+    pub fn new(
+        registry: &'static Registry,
+        client: Client,
+        cache: Arc<CompileCache>,
+    ) -> Result<Dispatcher, pjrt::Error> {
+        let platform = platform_from_name(client.platform()).unwrap_or(Platform::Cpu);
+        Ok(Dispatcher {
+            registry,
+            client,
+            platform,
+            cache,
+            options: CompileOptions::new(),
+            memo: RwLock::new(HashMap::new()),
+            memo_index: Mutex::new(0),
+            stats: Mutex::new(BTreeMap::new()),
+            kernel_nanos: AtomicU64::new(0),
+            prepare_nanos: AtomicU64::new(0),
+            strict: false,
+        })
+    }
+
+    /// Fallbacks become [`DispatchError::Strict`].
+    pub fn strict(mut self, strict: bool) -> Dispatcher {
+        self.strict = strict;
+        self
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn platform(&self) -> Platform {
+        self.platform
+    }
+
+    pub fn cache(&self) -> &CompileCache {
+        &self.cache
+    }
+
+    pub fn registry(&self) -> &'static Registry {
+        self.registry
+    }
+
+    /// Runs `op` on `inputs` with `statics` through the selected kernel; outputs stay on the
+    /// device (read them with [`Buffer::read_in_place`] or [`Buffer::to_vec`]).
+    pub fn call(
+        &self,
+        op: &str,
+        inputs: &[HostTensor<'_>],
+        statics: &[(&'static str, StaticValue)],
+    ) -> Result<Vec<Buffer>, DispatchError> {
+        let key = CallKey {
+            op: normalize_op(op),
+            inputs: inputs.iter().map(|t| t.ty.clone()).collect(),
+            statics: statics.iter().map(|(k, v)| ((*k).to_owned(), v.to_string())).collect(),
+            contiguous: inputs.iter().map(|t| t.contiguous).collect(),
+        };
+        let prepared = match self.prepared(&key, statics) {
+            Ok(p) => p,
+            Err((kernel, reason)) => return Err(self.fall_back(&key.op, kernel, reason)),
+        };
+        let start = Instant::now();
+        let result = self.execute(&prepared, inputs);
+        self.kernel_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match result {
+            Ok(out) => {
+                self.count(&key.op, |s| {
+                    s.calls += 1;
+                    s.substituted += 1;
+                    *s.kernels.entry(prepared.kernel.name().to_owned()).or_default() += 1;
+                });
+                Ok(out)
+            }
+            Err(reason) => {
+                Err(self.fall_back(&key.op, Some(prepared.kernel.name().to_owned()), reason))
+            }
+        }
+    }
+
+    fn execute(
+        &self,
+        prepared: &Prepared,
+        inputs: &[HostTensor<'_>],
+    ) -> Result<Vec<Buffer>, FallbackReason> {
+        let mut buffers = Vec::with_capacity(inputs.len());
+        for (i, t) in inputs.iter().enumerate() {
+            let ty = element_type(t.ty.dtype).ok_or_else(|| {
+                FallbackReason::BadInput(format!("input {i}: {} has no PJRT buffer type", t.ty.dtype))
+            })?;
+            let dims: Vec<i64> = t
+                .ty
+                .shape
+                .static_dims()
+                .ok_or_else(|| FallbackReason::BadInput(format!("input {i} {} is symbolic", t.ty)))?
+                .into_iter()
+                .map(|d| d as i64)
+                .collect();
+            let buffer = self
+                .client
+                .buffer_from_bytes(t.data, ty, &dims)
+                .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
+            buffers.push(buffer);
+        }
+        let refs: Vec<&Buffer> = buffers.iter().collect();
+        prepared.executable.execute(&refs).map_err(|e| FallbackReason::Execute(e.to_string()))
+    }
+
+    /// The memoised preparation for `key`, or a fresh one.
+    fn prepared(
+        &self,
+        key: &CallKey,
+        statics: &[(&'static str, StaticValue)],
+    ) -> Result<Arc<Prepared>, (Option<String>, FallbackReason)> {
+        self.invalidate_if_registry_changed();
+        if let Some(p) = self.memo.read().ok().and_then(|m| m.get(key).cloned()) {
+            return Ok(p);
+        }
+        let start = Instant::now();
+        let prepared = self.prepare(key, statics);
+        self.prepare_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let prepared = Arc::new(prepared?);
+        if let Ok(mut memo) = self.memo.write() {
+            memo.insert(key.clone(), prepared.clone());
+        }
+        Ok(prepared)
+    }
+
+    fn prepare(
+        &self,
+        key: &CallKey,
+        statics: &[(&'static str, StaticValue)],
+    ) -> Result<Prepared, (Option<String>, FallbackReason)> {
+        let sig = KernelSignature { inputs: key.inputs.clone(), statics: statics.to_vec() };
+        let meta = CallMeta { sig: &sig, contiguous: &key.contiguous, platform: self.platform };
+        let kernel =
+            self.registry.select(&key.op, &meta).map_err(|e| (None, FallbackReason::NoKernel(e)))?;
+        let name = Some(kernel.name().to_owned());
+        let sig = kernel.complete_statics(sig).map_err(|m| (name.clone(), FallbackReason::BadInput(m)))?;
+        let text = kernel.module_text(&sig, self.platform).map_err(|e| {
+            let reason = match e {
+                crate::RegistryError::Build(b) => FallbackReason::Build(b),
+                other => FallbackReason::Compile(other.to_string()),
+            };
+            (name.clone(), reason)
+        })?;
+        let program = Program::text(text.text.to_string());
+        let cached = self
+            .cache
+            .get_or_compile(&self.client, &program, &self.options)
+            .map_err(|e| (name.clone(), FallbackReason::Compile(e.to_string())))?;
+        Ok(Prepared { kernel, executable: cached.executable })
+    }
+
+    fn invalidate_if_registry_changed(&self) {
+        let generation = Arc::as_ptr(&self.registry.index()) as usize;
+        if let Ok(mut seen) = self.memo_index.lock()
+            && *seen != generation
+        {
+            *seen = generation;
+            if let Ok(mut memo) = self.memo.write() {
+                memo.clear();
+            }
+        }
+    }
+
+    fn fall_back(&self, op: &str, kernel: Option<String>, reason: FallbackReason) -> DispatchError {
+        let fallback = Fallback { op: op.to_owned(), kernel, reason };
+        let message = fallback.to_string();
+        self.count(op, |s| {
+            s.calls += 1;
+            *s.fallbacks.entry(fallback.reason.category()).or_default() += 1;
+            s.last_fallback = Some(message);
+        });
+        if self.strict { DispatchError::Strict(fallback) } else { DispatchError::Fallback(fallback) }
+    }
+
+    fn count(&self, op: &str, f: impl FnOnce(&mut OpStats)) {
+        if let Ok(mut stats) = self.stats.lock() {
+            match stats.get_mut(op) {
+                Some(s) => f(s),
+                None => f(stats.entry(op.to_owned()).or_default()),
+            }
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> DispatchStats {
+        DispatchStats {
+            ops: self.stats.lock().map(|s| s.clone()).unwrap_or_default(),
+            kernel_time: Duration::from_nanos(self.kernel_nanos.load(Ordering::Relaxed)),
+            prepare_time: Duration::from_nanos(self.prepare_nanos.load(Ordering::Relaxed)),
+        }
+    }
+}

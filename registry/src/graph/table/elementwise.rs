@@ -1,0 +1,499 @@
+//! Elementwise ops, conversions and tensor creation.
+
+use tpu_kernels::ir::{BinaryOp, Direction, UnaryOp};
+use tpu_kernels::kernels;
+use tpu_kernels::{DType, Shape, Tensor, TensorType};
+
+use super::{
+    Cx, Operand, R, Scalar, bad, broadcast_all, convert, float_of, materialize, one, result_type,
+    scalar_const, splat,
+};
+
+type Out<'b> = R<Vec<Tensor<'b>>>;
+
+/// `op(x, y)` after promoting both to their result type.
+fn binary<'b>(cx: &Cx<'_, 'b>, op: BinaryOp, x: Operand<'b>, y: Operand<'b>) -> R<Tensor<'b>> {
+    let dt = result_type(&[x, y]);
+    let (x, y) = (materialize(cx.b, x, dt)?, materialize(cx.b, y, dt)?);
+    Ok(cx.b.binary(op, x, y)?)
+}
+
+/// `self op alpha * other` (`add`, `sub`).
+fn with_alpha<'b>(cx: &Cx<'_, 'b>, op: BinaryOp, reverse: bool) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    let (x, y) = if reverse { (y, x) } else { (x, y) };
+    let dt = result_type(&[x, y]);
+    let (x, mut y) = (materialize(cx.b, x, dt)?, materialize(cx.b, y, dt)?);
+    if let Some(alpha) = cx.opt_scalar(2, "alpha")?
+        && alpha.as_f64() != 1.0
+    {
+        let a = scalar_const(cx.b, dt, alpha)?;
+        y = cx.b.binary(BinaryOp::Multiply, y, a)?;
+    }
+    one(cx.b.binary(op, x, y)?)
+}
+
+pub(super) fn add<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    with_alpha(cx, BinaryOp::Add, false)
+}
+
+pub(super) fn sub<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    with_alpha(cx, BinaryOp::Subtract, false)
+}
+
+/// `other - alpha * self`.
+pub(super) fn rsub<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    with_alpha(cx, BinaryOp::Subtract, true)
+}
+
+pub(super) fn mul<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    one(binary(cx, BinaryOp::Multiply, x, y)?)
+}
+
+/// True division: integers divide as floats.
+fn true_div<'b>(cx: &Cx<'_, 'b>, x: Operand<'b>, y: Operand<'b>) -> R<Tensor<'b>> {
+    let dt = float_of(result_type(&[x, y]));
+    let (x, y) = (materialize(cx.b, x, dt)?, materialize(cx.b, y, dt)?);
+    Ok(cx.b.binary(BinaryOp::Divide, x, y)?)
+}
+
+pub(super) fn div<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    one(true_div(cx, x, y)?)
+}
+
+/// `div` with `rounding_mode` `trunc`, `floor` or none.
+pub(super) fn div_mode<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    let mode = cx.opt_string(2, "rounding_mode")?;
+    let dt = result_type(&[x, y]);
+    let b = cx.b;
+    match mode {
+        None => one(true_div(cx, x, y)?),
+        Some(m @ ("trunc" | "floor")) if dt.is_float() => {
+            let q = true_div(cx, x, y)?;
+            let fl = b.unary(UnaryOp::Floor, q)?;
+            if m == "floor" {
+                return one(fl);
+            }
+            let ce = b.unary(UnaryOp::Ceil, q)?;
+            let neg = b.compare(Direction::Lt, q, q.scalar(0.0))?;
+            one(q.builder().select(broadcast_all(b, &[neg, ce])?[0], ce, fl)?)
+        }
+        Some(m @ ("trunc" | "floor")) => {
+            let (xt, yt) = (materialize(b, x, dt)?, materialize(b, y, dt)?);
+            // Integer division truncates toward zero.
+            let q = b.binary(BinaryOp::Divide, xt, yt)?;
+            if m == "trunc" {
+                return one(q);
+            }
+            let r = b.binary(BinaryOp::Remainder, xt, yt)?;
+            let zero = scalar_const(b, dt, Scalar::Int(0))?;
+            let inexact = b.compare(Direction::Ne, r, zero)?;
+            let signs_differ = b.compare(
+                Direction::Ne,
+                b.compare(Direction::Lt, r, zero)?,
+                b.compare(Direction::Lt, yt, zero)?,
+            )?;
+            let fix = b.binary(BinaryOp::And, inexact, signs_differ)?;
+            let q1 = b.binary(BinaryOp::Subtract, q, scalar_const(b, dt, Scalar::Int(1))?)?;
+            let v = broadcast_all(b, &[fix, q1, q])?;
+            one(b.select(v[0], v[1], v[2])?)
+        }
+        Some(other) => bad(format!("rounding_mode `{other}` is not `trunc`, `floor` or none")),
+    }
+}
+
+pub(super) fn maximum<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    one(binary(cx, BinaryOp::Maximum, x, y)?)
+}
+
+pub(super) fn minimum<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    one(binary(cx, BinaryOp::Minimum, x, y)?)
+}
+
+/// `pow`, with PyTorch's exact special cases for small integer and half exponents.
+pub(super) fn pow<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, e) = (cx.operand(0, "self")?, cx.operand(1, "exponent")?);
+    let dt = result_type(&[x, e]);
+    let b = cx.b;
+    if let (Operand::T(t), Operand::S(s)) = (x, e) {
+        let t = convert(b, t, dt)?;
+        let v = s.as_f64();
+        let special = match v {
+            1.0 => Some(t),
+            2.0 => Some(b.binary(BinaryOp::Multiply, t, t)?),
+            3.0 => {
+                let sq = b.binary(BinaryOp::Multiply, t, t)?;
+                Some(b.binary(BinaryOp::Multiply, sq, t)?)
+            }
+            0.5 if dt.is_float() => Some(b.unary(UnaryOp::Sqrt, t)?),
+            -0.5 if dt.is_float() => Some(b.unary(UnaryOp::Rsqrt, t)?),
+            -1.0 if dt.is_float() => {
+                Some(b.binary(BinaryOp::Divide, scalar_const(b, dt, Scalar::Int(1))?, t)?)
+            }
+            _ => None,
+        };
+        if let Some(r) = special {
+            return one(r);
+        }
+    }
+    one(binary(cx, BinaryOp::Power, x, e)?)
+}
+
+// ----- unary -----
+
+/// A unary op on the input's type (`neg`, `abs`).
+fn same_type<'b>(cx: &Cx<'_, 'b>, op: UnaryOp) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    one(cx.b.unary(op, x)?)
+}
+
+/// A float-only unary op: integer inputs become f32 first.
+fn floating<'b>(cx: &Cx<'_, 'b>, op: UnaryOp) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let x = convert(cx.b, x, float_of(x.dtype()))?;
+    one(cx.b.unary(op, x)?)
+}
+
+macro_rules! unary_lowerings {
+    ($($name:ident => $kind:ident($op:ident);)*) => {$(
+        pub(super) fn $name<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+            $kind(cx, UnaryOp::$op)
+        }
+    )*};
+}
+
+unary_lowerings! {
+    neg => same_type(Negate);
+    abs => same_type(Abs);
+    sign => same_type(Sign);
+    exp => floating(Exp);
+    log => floating(Log);
+    log1p => floating(LogPlusOne);
+    sqrt => floating(Sqrt);
+    rsqrt => floating(Rsqrt);
+    tanh => floating(Tanh);
+    sigmoid => floating(Logistic);
+    sin => floating(Sine);
+    cos => floating(Cosine);
+    erf => floating(Erf);
+}
+
+/// `floor` and `ceil` leave integers as they are.
+fn rounding<'b>(cx: &Cx<'_, 'b>, op: UnaryOp) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    if !x.dtype().is_float() {
+        return one(x);
+    }
+    one(cx.b.unary(op, x)?)
+}
+
+pub(super) fn floor<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    rounding(cx, UnaryOp::Floor)
+}
+
+pub(super) fn ceil<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    rounding(cx, UnaryOp::Ceil)
+}
+
+pub(super) fn reciprocal<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    one(true_div(cx, Operand::S(Scalar::Int(1)), Operand::T(x))?)
+}
+
+pub(super) fn relu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let zero = scalar_const(cx.b, x.dtype(), Scalar::Int(0))?;
+    one(cx.b.binary(BinaryOp::Maximum, x, zero)?)
+}
+
+/// GELU through the standard kernel's formula (`approximate` = `none` or `tanh`).
+pub(super) fn gelu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    match cx.opt_string(1, "approximate")?.unwrap_or("none") {
+        "none" => one(kernels::gelu_exact(x)),
+        "tanh" => one(kernels::gelu_tanh(x)),
+        other => bad(format!("approximate `{other}` is not `none` or `tanh`")),
+    }
+}
+
+pub(super) fn silu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    one(kernels::silu(cx.tensor(0, "self")?))
+}
+
+// ----- comparisons and logic -----
+
+fn compare<'b>(cx: &Cx<'_, 'b>, direction: Direction) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    let dt = result_type(&[x, y]);
+    let (x, y) = (materialize(cx.b, x, dt)?, materialize(cx.b, y, dt)?);
+    one(cx.b.compare(direction, x, y)?)
+}
+
+macro_rules! comparisons {
+    ($($name:ident => $dir:ident;)*) => {$(
+        pub(super) fn $name<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+            compare(cx, Direction::$dir)
+        }
+    )*};
+}
+
+comparisons! {
+    eq => Eq;
+    ne => Ne;
+    lt => Lt;
+    le => Le;
+    gt => Gt;
+    ge => Ge;
+}
+
+fn bitwise<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    if result_type(&[x, y]).is_float() {
+        return bad("bitwise ops take integer or bool tensors");
+    }
+    one(binary(cx, op, x, y)?)
+}
+
+pub(super) fn bitwise_and<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    bitwise(cx, BinaryOp::And)
+}
+
+pub(super) fn bitwise_or<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    bitwise(cx, BinaryOp::Or)
+}
+
+pub(super) fn bitwise_xor<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    bitwise(cx, BinaryOp::Xor)
+}
+
+pub(super) fn bitwise_not<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    if x.dtype().is_float() {
+        return bad(format!("bitwise_not takes integer or bool tensors, got {}", x.ty()));
+    }
+    one(cx.b.unary(UnaryOp::Not, x)?)
+}
+
+pub(super) fn logical_not<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = convert(cx.b, cx.tensor(0, "self")?, DType::Bool)?;
+    one(cx.b.unary(UnaryOp::Not, x)?)
+}
+
+fn logical<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
+    let x = convert(cx.b, cx.tensor(0, "self")?, DType::Bool)?;
+    let y = convert(cx.b, cx.tensor(1, "other")?, DType::Bool)?;
+    one(cx.b.binary(op, x, y)?)
+}
+
+pub(super) fn logical_and<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    logical(cx, BinaryOp::And)
+}
+
+pub(super) fn logical_or<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    logical(cx, BinaryOp::Or)
+}
+
+/// `condition ? self : other`, all three broadcast together.
+pub(super) fn where_<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let cond = convert(cx.b, cx.tensor(0, "condition")?, DType::Bool)?;
+    let (x, y) = (cx.operand(1, "self")?, cx.operand(2, "other")?);
+    let dt = result_type(&[x, y]);
+    let (x, y) = (materialize(cx.b, x, dt)?, materialize(cx.b, y, dt)?);
+    let v = broadcast_all(cx.b, &[cond, x, y])?;
+    one(cx.b.select(v[0], v[1], v[2])?)
+}
+
+/// `mask ? value : self`, in `self`'s type.
+pub(super) fn masked_fill<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let mask = convert(cx.b, cx.tensor(1, "mask")?, DType::Bool)?;
+    let value = materialize(cx.b, cx.operand(2, "value")?, x.dtype())?;
+    let v = broadcast_all(cx.b, &[mask, value, x])?;
+    if v[2].shape() != x.shape() {
+        return bad(format!("mask {} does not broadcast to {}", mask.ty(), x.ty()));
+    }
+    one(cx.b.select(v[0], v[1], v[2])?)
+}
+
+fn clamp_with<'b>(
+    cx: &Cx<'_, 'b>,
+    x: Tensor<'b>,
+    lo: Option<Operand<'b>>,
+    hi: Option<Operand<'b>>,
+) -> Out<'b> {
+    let mut all = vec![Operand::T(x)];
+    all.extend(lo.iter().chain(hi.iter()).copied());
+    let dt = result_type(&all);
+    let mut y = convert(cx.b, x, dt)?;
+    if let Some(lo) = lo {
+        let v = broadcast_all(cx.b, &[y, materialize(cx.b, lo, dt)?])?;
+        y = cx.b.binary(BinaryOp::Maximum, v[0], v[1])?;
+    }
+    if let Some(hi) = hi {
+        let v = broadcast_all(cx.b, &[y, materialize(cx.b, hi, dt)?])?;
+        y = cx.b.binary(BinaryOp::Minimum, v[0], v[1])?;
+    }
+    one(y)
+}
+
+pub(super) fn clamp<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let (lo, hi) = (cx.opt_operand(1, "min")?, cx.opt_operand(2, "max")?);
+    if lo.is_none() && hi.is_none() {
+        return bad("clamp needs `min` or `max`");
+    }
+    clamp_with(cx, x, lo, hi)
+}
+
+pub(super) fn clamp_min<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    clamp_with(cx, x, Some(cx.operand(1, "min")?), None)
+}
+
+pub(super) fn clamp_max<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    clamp_with(cx, x, None, Some(cx.operand(1, "max")?))
+}
+
+// ----- conversions and copies -----
+
+/// `_to_copy(self, *, dtype=None, ...)`: a conversion; device, layout and memory format are
+/// ignored.
+pub(super) fn to_copy<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(x.dtype());
+    one(convert(cx.b, x, dt)?)
+}
+
+pub(super) fn convert_element_type<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "a")?;
+    let Some(dt) = cx.opt_dtype(1, "dtype")? else {
+        return bad("argument `dtype` is missing");
+    };
+    one(convert(cx.b, x, dt)?)
+}
+
+/// `clone`, `alias`, `detach`, `lift_fresh_copy`: values have no identity here.
+pub(super) fn identity<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    one(cx.tensor(0, "self")?)
+}
+
+/// `copy(self, src)`: `src` broadcast to `self`'s shape in `self`'s type.
+pub(super) fn copy<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, src) = (cx.tensor(0, "self")?, cx.tensor(1, "src")?);
+    let src = convert(cx.b, src, x.dtype())?;
+    one(cx.b.broadcast_to(src, &x.shape())?)
+}
+
+// ----- creation -----
+
+fn shape_of(size: &[i64]) -> R<Shape> {
+    if let Some(d) = size.iter().find(|d| **d < 0) {
+        return bad(format!("negative size {d} in {size:?}"));
+    }
+    Ok(Shape::of(&size.iter().map(|&d| d as u64).collect::<Vec<_>>()))
+}
+
+/// The dtype `full`-like ops take when none is given: from the fill value's kind.
+fn fill_dtype(s: Scalar) -> DType {
+    match s {
+        Scalar::Bool(_) => DType::Bool,
+        Scalar::Int(_) => DType::I64,
+        Scalar::Float(_) => DType::F32,
+    }
+}
+
+pub(super) fn full<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let shape = shape_of(&cx.ints(0, "size")?)?;
+    let value = cx.scalar(1, "fill_value")?;
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(fill_dtype(value));
+    one(splat(cx.b, TensorType { dtype: dt, shape }, value)?)
+}
+
+fn filled<'b>(cx: &Cx<'_, 'b>, value: i64) -> Out<'b> {
+    let shape = shape_of(&cx.ints(0, "size")?)?;
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(DType::F32);
+    one(splat(cx.b, TensorType { dtype: dt, shape }, Scalar::Int(value))?)
+}
+
+pub(super) fn zeros<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    filled(cx, 0)
+}
+
+pub(super) fn ones<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    filled(cx, 1)
+}
+
+fn like<'b>(cx: &Cx<'_, 'b>, value: Scalar) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(x.dtype());
+    one(splat(cx.b, x.ty().with_dtype(dt), value)?)
+}
+
+pub(super) fn full_like<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    like(cx, cx.scalar(1, "fill_value")?)
+}
+
+pub(super) fn zeros_like<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    like(cx, Scalar::Int(0))
+}
+
+pub(super) fn ones_like<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    like(cx, Scalar::Int(1))
+}
+
+pub(super) fn scalar_tensor<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let value = cx.scalar(0, "s")?;
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(DType::F32);
+    one(scalar_const(cx.b, dt, value)?)
+}
+
+/// `start + i * step` for `i` in `0..len`, computed in `dt`.
+fn ramp<'b>(cx: &Cx<'_, 'b>, len: u64, start: Scalar, step: Scalar, dt: DType) -> R<Tensor<'b>> {
+    let b = cx.b;
+    let i = b.iota(TensorType::new(dt, [len]), 0)?;
+    let step = scalar_const(b, dt, step)?;
+    let start = scalar_const(b, dt, start)?;
+    let scaled = b.binary(BinaryOp::Multiply, i, step)?;
+    Ok(b.binary(BinaryOp::Add, scaled, start)?)
+}
+
+/// `arange(end)`, `arange(start, end)`, `arange(start, end, step)`.
+pub(super) fn arange<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (start, end, step) = if cx.node.op.ends_with(".default") {
+        (Scalar::Int(0), cx.scalar(0, "end")?, Scalar::Int(1))
+    } else {
+        let step = cx.opt_scalar(2, "step")?.unwrap_or(Scalar::Int(1));
+        let step = if cx.node.op.ends_with(".start") { Scalar::Int(1) } else { step };
+        (cx.scalar(0, "start")?, cx.scalar(1, "end")?, step)
+    };
+    let any_float = [start, end, step].iter().any(|s| matches!(s, Scalar::Float(_)));
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(if any_float {
+        DType::F32
+    } else {
+        DType::I64
+    });
+    let (s, e, st) = (start.as_f64(), end.as_f64(), step.as_f64());
+    if st == 0.0 {
+        return bad("arange step is zero");
+    }
+    let len = ((e - s) / st).ceil().max(0.0) as u64;
+    one(ramp(cx, len, start, step, dt)?)
+}
+
+/// `prims::iota(length, *, start, step, dtype, ...)`.
+pub(super) fn iota<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let len = cx.int(0, "length")?;
+    if len < 0 {
+        return bad(format!("iota length {len} is negative"));
+    }
+    let start = Scalar::Int(cx.int_or(usize::MAX, "start", 0)?);
+    let step = Scalar::Int(cx.int_or(usize::MAX, "step", 1)?);
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(DType::I64);
+    one(ramp(cx, len as u64, start, step, dt)?)
+}

@@ -1,0 +1,259 @@
+//! Reductions.
+
+use tpu_kernels::ir::{BinaryOp, Direction};
+use tpu_kernels::{DType, Dim, KernelBuilder, Shape, Tensor, TensorType};
+
+use super::{Cx, R, Scalar, acc_type, axis, bad, convert, dims_of, one, scalar_const};
+
+type Out<'b> = R<Vec<Tensor<'b>>>;
+
+/// The reduced dimensions, sorted; `None` or `[]` means all.
+pub(super) fn reduce_dims(dims: Option<Vec<i64>>, rank: usize) -> R<Vec<usize>> {
+    let dims = dims.unwrap_or_default();
+    if dims.is_empty() {
+        return Ok((0..rank).collect());
+    }
+    let mut out = Vec::with_capacity(dims.len());
+    for d in dims {
+        let a = axis(d, rank)?;
+        if rank > 0 && !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// `x` reduced over `dims` with `op` from `init`; with `keepdim` the dims stay as size 1.
+pub(super) fn reduce<'b>(
+    b: &'b KernelBuilder,
+    x: Tensor<'b>,
+    op: BinaryOp,
+    init: Scalar,
+    dims: &[usize],
+    keepdim: bool,
+) -> R<Tensor<'b>> {
+    let init = scalar_const(b, x.dtype(), init)?;
+    let d: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+    let r = b.reduce(&[x], &[init], &d, |a| Ok(vec![b.binary(op, a[0], a[1])?]))?[0];
+    if !keepdim {
+        return Ok(r);
+    }
+    Ok(b.reshape(r, kept_shape(&x.shape(), dims))?)
+}
+
+/// `shape` with `dims` set to 1.
+pub(super) fn kept_shape(shape: &Shape, dims: &[usize]) -> Shape {
+    shape
+        .0
+        .iter()
+        .enumerate()
+        .map(|(i, d)| if dims.contains(&i) { Dim::Static(1) } else { d.clone() })
+        .collect()
+}
+
+/// The number of elements over `dims`.
+fn count(x: Tensor<'_>, dims: &[usize]) -> R<u64> {
+    let sizes = dims_of(x)?;
+    Ok(dims.iter().map(|&d| sizes[d]).product())
+}
+
+/// The smallest value of `dt` (the identity of `max`).
+pub(super) fn lowest(dt: DType) -> Scalar {
+    match dt {
+        DType::Bool => Scalar::Bool(false),
+        DType::I8 => Scalar::Int(i8::MIN.into()),
+        DType::I16 => Scalar::Int(i16::MIN.into()),
+        DType::I32 => Scalar::Int(i32::MIN.into()),
+        DType::I64 => Scalar::Int(i64::MIN),
+        DType::U8 | DType::U32 => Scalar::Int(0),
+        _ => Scalar::Float(f64::NEG_INFINITY),
+    }
+}
+
+/// The largest value of `dt` (the identity of `min`).
+pub(super) fn highest(dt: DType) -> Scalar {
+    match dt {
+        DType::Bool => Scalar::Bool(true),
+        DType::I8 => Scalar::Int(i8::MAX.into()),
+        DType::I16 => Scalar::Int(i16::MAX.into()),
+        DType::I32 => Scalar::Int(i32::MAX.into()),
+        DType::I64 => Scalar::Int(i64::MAX),
+        DType::U8 => Scalar::Int(u8::MAX.into()),
+        DType::U32 => Scalar::Int(u32::MAX.into()),
+        _ => Scalar::Float(f64::INFINITY),
+    }
+}
+
+/// `sum(self, dim=None, keepdim=False, *, dtype=None)`: integers and bools sum to `i64`;
+/// 16-bit floats accumulate in f32.
+pub(super) fn sum<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dims = reduce_dims(cx.opt_ints(1, "dim")?, x.rank())?;
+    let keepdim = cx.bool_or(2, "keepdim", false)?;
+    let out = match cx.opt_dtype(usize::MAX, "dtype")? {
+        Some(d) => d,
+        None if x.dtype().is_float() => x.dtype(),
+        None => DType::I64,
+    };
+    let xa = convert(cx.b, x, acc_type(out))?;
+    let r = reduce(cx.b, xa, BinaryOp::Add, Scalar::Int(0), &dims, keepdim)?;
+    one(convert(cx.b, r, out)?)
+}
+
+/// `mean(self, dim, keepdim=False, *, dtype=None)`: the sum divided by the count.
+pub(super) fn mean<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dims = reduce_dims(cx.opt_ints(1, "dim")?, x.rank())?;
+    let keepdim = cx.bool_or(2, "keepdim", false)?;
+    let out = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(x.dtype());
+    if !out.is_float() {
+        return bad(format!("mean needs a float type, got {}", x.ty()));
+    }
+    let xa = convert(cx.b, x, acc_type(out))?;
+    let s = reduce(cx.b, xa, BinaryOp::Add, Scalar::Int(0), &dims, keepdim)?;
+    let n = scalar_const(cx.b, xa.dtype(), Scalar::Float(count(x, &dims)? as f64))?;
+    let m = cx.b.binary(BinaryOp::Divide, s, n)?;
+    one(convert(cx.b, m, out)?)
+}
+
+fn extreme<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dims = reduce_dims(cx.opt_ints(1, "dim")?, x.rank())?;
+    let keepdim = cx.bool_or(2, "keepdim", false)?;
+    let init = if op == BinaryOp::Maximum { lowest(x.dtype()) } else { highest(x.dtype()) };
+    one(reduce(cx.b, x, op, init, &dims, keepdim)?)
+}
+
+pub(super) fn amax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    extreme(cx, BinaryOp::Maximum)
+}
+
+pub(super) fn amin<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    extreme(cx, BinaryOp::Minimum)
+}
+
+/// `max()` / `min()` over all elements.
+fn extreme_all<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dims: Vec<usize> = (0..x.rank()).collect();
+    let init = if op == BinaryOp::Maximum { lowest(x.dtype()) } else { highest(x.dtype()) };
+    one(reduce(cx.b, x, op, init, &dims, false)?)
+}
+
+pub(super) fn max_all<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    extreme_all(cx, BinaryOp::Maximum)
+}
+
+pub(super) fn min_all<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    extreme_all(cx, BinaryOp::Minimum)
+}
+
+/// The extreme values along `dim` (kept) and the index of the first element reaching them
+/// (NaN counts as reaching, as PyTorch propagates it).
+fn extreme_with_index<'b>(
+    b: &'b KernelBuilder,
+    x: Tensor<'b>,
+    d: usize,
+    op: BinaryOp,
+) -> R<(Tensor<'b>, Tensor<'b>)> {
+    let init = if op == BinaryOp::Maximum { lowest(x.dtype()) } else { highest(x.dtype()) };
+    let m = reduce(b, x, op, init, &[d], true)?;
+    let mb = b.broadcast_to(m, &x.shape())?;
+    let mut hit = b.compare(Direction::Eq, x, mb)?;
+    if x.dtype().is_float() {
+        let nan = b.compare(Direction::Ne, x, x)?;
+        hit = b.binary(BinaryOp::Or, hit, nan)?;
+    }
+    let size = dims_of(x)?[d];
+    let iota = b.iota(x.ty().with_dtype(DType::I64), d as i64)?;
+    let past = tpu_kernels_splat(b, x.ty().with_dtype(DType::I64), size as i64)?;
+    let idx = b.select(hit, iota, past)?;
+    let first = reduce(b, idx, BinaryOp::Minimum, highest(DType::I64), &[d], true)?;
+    Ok((m, first))
+}
+
+fn tpu_kernels_splat<'b>(b: &'b KernelBuilder, ty: TensorType, v: i64) -> R<Tensor<'b>> {
+    super::splat(b, ty, Scalar::Int(v))
+}
+
+fn drop_dim<'b>(b: &'b KernelBuilder, t: Tensor<'b>, d: usize, keepdim: bool) -> R<Tensor<'b>> {
+    if keepdim {
+        return Ok(t);
+    }
+    let shape: Shape =
+        t.shape().0.iter().enumerate().filter(|(i, _)| *i != d).map(|(_, s)| s.clone()).collect();
+    Ok(b.reshape(t, shape)?)
+}
+
+fn extreme_dim<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let keepdim = cx.bool_or(2, "keepdim", false)?;
+    if x.rank() == 0 {
+        let zero = scalar_const(cx.b, DType::I64, Scalar::Int(0))?;
+        return Ok(vec![x, zero]);
+    }
+    let (m, i) = extreme_with_index(cx.b, x, d, op)?;
+    Ok(vec![drop_dim(cx.b, m, d, keepdim)?, drop_dim(cx.b, i, d, keepdim)?])
+}
+
+pub(super) fn max_dim<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    extreme_dim(cx, BinaryOp::Maximum)
+}
+
+pub(super) fn min_dim<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    extreme_dim(cx, BinaryOp::Minimum)
+}
+
+/// `argmax(self, dim=None, keepdim=False)`; without `dim`, over the flattened tensor.
+fn arg_extreme<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let keepdim = cx.bool_or(2, "keepdim", false)?;
+    let b = cx.b;
+    match cx.opt_int(1, "dim")? {
+        Some(_) if x.rank() == 0 => one(scalar_const(b, DType::I64, Scalar::Int(0))?),
+        Some(dim) => {
+            let d = axis(dim, x.rank())?;
+            let (_, i) = extreme_with_index(b, x, d, op)?;
+            one(drop_dim(b, i, d, keepdim)?)
+        }
+        None => {
+            let n: u64 = dims_of(x)?.iter().product();
+            let flat = b.reshape(x, Shape::of(&[n]))?;
+            let (_, i) = extreme_with_index(b, flat, 0, op)?;
+            let shape = if keepdim { Shape::of(&vec![1; x.rank()]) } else { Shape::scalar() };
+            one(b.reshape(i, shape)?)
+        }
+    }
+}
+
+pub(super) fn argmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    arg_extreme(cx, BinaryOp::Maximum)
+}
+
+pub(super) fn argmin<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    arg_extreme(cx, BinaryOp::Minimum)
+}
+
+/// `var(self, dim=None, *, correction=None, keepdim=False)`: `sum((x - mean)^2) / (N - c)`.
+pub(super) fn var<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dims = reduce_dims(cx.opt_ints(1, "dim")?, x.rank())?;
+    let correction = cx.opt_scalar(usize::MAX, "correction")?.map_or(1.0, Scalar::as_f64);
+    let keepdim = cx.bool_or(usize::MAX, "keepdim", false)?;
+    if !x.dtype().is_float() {
+        return bad(format!("var needs a float type, got {}", x.ty()));
+    }
+    let b = cx.b;
+    let xa = convert(b, x, acc_type(x.dtype()))?;
+    let n = count(x, &dims)? as f64;
+    let s = reduce(b, xa, BinaryOp::Add, Scalar::Int(0), &dims, true)?;
+    let mean = b.binary(BinaryOp::Divide, s, scalar_const(b, xa.dtype(), Scalar::Float(n))?)?;
+    let centered = b.binary(BinaryOp::Subtract, xa, b.broadcast_to(mean, &xa.shape())?)?;
+    let sq = b.binary(BinaryOp::Multiply, centered, centered)?;
+    let ss = reduce(b, sq, BinaryOp::Add, Scalar::Int(0), &dims, keepdim)?;
+    let denom = scalar_const(b, xa.dtype(), Scalar::Float((n - correction).max(0.0)))?;
+    let v = b.binary(BinaryOp::Divide, ss, denom)?;
+    one(convert(b, v, x.dtype())?)
+}

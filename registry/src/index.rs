@@ -1,0 +1,489 @@
+//! The index of registered kernels and kernel selection.
+//!
+//! Selection is a pure function of (op overload, call metadata: dtypes, shapes, contiguity,
+//! static values, platform). Candidates for an op are ordered once, when the index is built:
+//! priority (higher first), then specificity (a kernel whose guards strictly include another's,
+//! on a subset of its dtypes and platforms, goes first), then name. Two kernels of equal priority
+//! that can both match a call, neither more specific, are an error when the index is built.
+//!
+//! The index is immutable; [`Registry`] swaps in a new one on each runtime registration or
+//! removal, so readers never lock and a failed registration leaves the registry as it was.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arc_swap::ArcSwap;
+use tpu_kernels::registration::{
+    Guard, KernelRegistration, KernelSignature, Platform, StaticValue,
+};
+use tpu_kernels::{Module, TensorType};
+
+use crate::error::RegistryError;
+
+/// `aten::gelu` means its default overload: `aten::gelu.default`. Names that already carry an
+/// overload (`aten::add.Tensor`) are unchanged.
+pub fn normalize_op(op: &str) -> String {
+    let name = op.rsplit("::").next().unwrap_or(op);
+    if name.contains('.') { op.to_owned() } else { format!("{op}.default") }
+}
+
+/// Checks an op name: `namespace::name` or `namespace::name.overload`, identifier characters.
+pub fn validate_op(op: &str) -> Result<(), String> {
+    let Some((ns, rest)) = op.split_once("::") else {
+        return Err(format!("op `{op}` must be `namespace::name[.overload]`"));
+    };
+    let ident = |s: &str| {
+        !s.is_empty()
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !s.starts_with(|c: char| c.is_ascii_digit())
+    };
+    let (name, overload) = rest.split_once('.').unwrap_or((rest, "default"));
+    if !ident(ns) || !ident(name) || !ident(overload) {
+        return Err(format!("op `{op}` must be `namespace::name[.overload]` with identifier parts"));
+    }
+    Ok(())
+}
+
+/// Where a kernel's module comes from.
+#[derive(Clone)]
+pub enum KernelSource {
+    /// Built per signature by Rust code (`#[tpu_kernel]` or a hand-written record).
+    Built,
+    /// Pre-lowered StableHLO text per platform (an imported Pallas/JAX kernel). A TPU-only
+    /// payload (`tpu_custom_call`) is only ever listed under [`Platform::Tpu`].
+    Imported { variants: Vec<(Platform, Arc<str>)>, fingerprint: String },
+}
+
+impl fmt::Debug for KernelSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelSource::Built => f.write_str("Built"),
+            KernelSource::Imported { variants, fingerprint } => f
+                .debug_struct("Imported")
+                .field("platforms", &variants.iter().map(|(p, _)| *p).collect::<Vec<_>>())
+                .field("fingerprint", fingerprint)
+                .finish(),
+        }
+    }
+}
+
+/// A kernel in the index: its registration record and where its module comes from.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    pub record: KernelRegistration,
+    pub source: KernelSource,
+    /// Op overloads it replaces, normalised (`aten::gelu.default`).
+    pub ops: Vec<String>,
+    /// Registered at runtime (removable) rather than linked in.
+    pub runtime: bool,
+}
+
+impl Kernel {
+    /// A kernel linked in through `inventory`.
+    pub fn from_static(record: &'static KernelRegistration) -> Kernel {
+        Kernel {
+            record: *record,
+            source: KernelSource::Built,
+            ops: record.ops.iter().map(|o| normalize_op(o)).collect(),
+            runtime: false,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.record.name
+    }
+
+    /// `Ok` when this kernel applies to `call`, else why not.
+    pub fn accepts(&self, call: &CallMeta<'_>) -> Result<(), String> {
+        if !self.record.platforms.contains(&call.platform) {
+            return Err(format!("platform {} not supported", call.platform.name()));
+        }
+        if let KernelSource::Imported { variants, .. } = &self.source
+            && !variants.iter().any(|(p, _)| *p == call.platform)
+        {
+            return Err(format!("no {} variant", call.platform.name()));
+        }
+        if let Some(i) = call.contiguous.iter().position(|c| !c) {
+            return Err(format!("input {i} is not contiguous"));
+        }
+        let all_given =
+            self.record.statics.iter().all(|p| call.sig.statics.iter().any(|(n, _)| *n == p.name));
+        if all_given {
+            self.record.accepts(call.sig)
+        } else {
+            self.record.accepts(&self.complete_statics(call.sig.clone())?)
+        }
+    }
+
+    /// Fills static parameters a call left out from this kernel's defaults, in the kernel's
+    /// order; an unknown or missing (no default) static is an error naming it.
+    pub fn complete_statics(&self, mut sig: KernelSignature) -> Result<KernelSignature, String> {
+        let mut statics = Vec::with_capacity(self.record.statics.len());
+        for p in self.record.statics {
+            match sig.statics.iter().position(|(n, _)| *n == p.name) {
+                Some(i) => statics.push(sig.statics.swap_remove(i)),
+                None => {
+                    let Some(default) = p.default else {
+                        return Err(format!("kernel `{}` needs static `{}`", self.name(), p.name));
+                    };
+                    let value = StaticValue::parse(p.kind, default)
+                        .map_err(|e| format!("kernel `{}`, static `{}`: {e}", self.name(), p.name))?;
+                    statics.push((p.name, value));
+                }
+            }
+        }
+        if let Some((extra, _)) = sig.statics.first() {
+            return Err(format!("kernel `{}` has no static parameter `{extra}`", self.name()));
+        }
+        sig.statics = statics;
+        Ok(sig)
+    }
+
+    /// Builds (or, for imported kernels, returns) the module text for `call`'s platform.
+    pub fn module_text(&self, sig: &KernelSignature, platform: Platform) -> Result<ModuleText, RegistryError> {
+        match &self.source {
+            KernelSource::Built => {
+                let module = self.record.emit(sig).map_err(RegistryError::Build)?;
+                Ok(ModuleText { text: Arc::from(module.to_text()), module: Some(module) })
+            }
+            KernelSource::Imported { variants, .. } => variants
+                .iter()
+                .find(|(p, _)| *p == platform)
+                .map(|(_, text)| ModuleText { text: text.clone(), module: None })
+                .ok_or_else(|| RegistryError::NoVariant {
+                    kernel: self.name().to_owned(),
+                    platform: platform.name(),
+                }),
+        }
+    }
+
+    /// Guards as a set, for specificity.
+    fn guard_set(&self) -> Vec<Guard> {
+        self.record.guards.to_vec()
+    }
+
+    /// Whether `self` is strictly more specific than `other`.
+    fn more_specific_than(&self, other: &Kernel) -> bool {
+        let (mine, theirs) = (self.guard_set(), other.guard_set());
+        theirs.iter().all(|g| mine.contains(g))
+            && mine.len() > theirs.len()
+            && self.record.dtypes.iter().all(|d| other.record.dtypes.contains(d))
+            && self.record.platforms.iter().all(|p| other.record.platforms.contains(p))
+    }
+
+    /// Whether some call could satisfy both kernels (conservative: true unless provably
+    /// disjoint by dtype, platform, arity, a static value or a rank range).
+    fn can_overlap(&self, other: &Kernel) -> bool {
+        let (a, b) = (&self.record, &other.record);
+        if !a.dtypes.iter().any(|d| b.dtypes.contains(d)) {
+            return false;
+        }
+        if !a.platforms.iter().any(|p| b.platforms.contains(p)) {
+            return false;
+        }
+        if !a.inputs.is_empty() && !b.inputs.is_empty() && a.inputs.len() != b.inputs.len() {
+            return false;
+        }
+        for ga in a.guards {
+            for gb in b.guards {
+                match (ga, gb) {
+                    (
+                        Guard::StaticEq { name: n1, value: v1 },
+                        Guard::StaticEq { name: n2, value: v2 },
+                    ) if n1 == n2 && v1 != v2 => return false,
+                    (
+                        Guard::Rank { input: i1, min: lo1, max: hi1 },
+                        Guard::Rank { input: i2, min: lo2, max: hi2 },
+                    ) if i1 == i2 && (hi1 < lo2 || hi2 < lo1) => return false,
+                    _ => {}
+                }
+            }
+        }
+        true
+    }
+}
+
+/// The module a kernel gives for one signature.
+#[derive(Clone, Debug)]
+pub struct ModuleText {
+    pub text: Arc<str>,
+    /// The IR, for Rust-built kernels (imported ones are text only).
+    pub module: Option<Module>,
+}
+
+/// What selection looks at.
+#[derive(Clone, Copy, Debug)]
+pub struct CallMeta<'a> {
+    pub sig: &'a KernelSignature,
+    /// Per input: whether it is dense row-major (kernels take contiguous inputs only).
+    pub contiguous: &'a [bool],
+    pub platform: Platform,
+}
+
+/// Why no kernel was selected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoKernel {
+    /// No kernel is registered for the op; `known` lists the ops that have kernels.
+    UnknownOp { op: String, known: Vec<String> },
+    /// Kernels exist but none accepts the call: each candidate with the guard it failed.
+    NoMatch { op: String, reasons: Vec<(String, String)> },
+}
+
+impl fmt::Display for NoKernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoKernel::UnknownOp { op, known } => {
+                write!(f, "no kernel registered for `{op}` (ops with kernels: {})", known.join(", "))
+            }
+            NoKernel::NoMatch { op, reasons } => {
+                write!(f, "no kernel for `{op}` accepts the call:")?;
+                for (k, r) in reasons {
+                    write!(f, " `{k}`: {r};")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An immutable index: kernels by op (in selection order) and by name.
+#[derive(Debug, Default)]
+pub struct Index {
+    by_op: HashMap<String, Vec<Arc<Kernel>>>,
+    by_name: BTreeMap<&'static str, Arc<Kernel>>,
+}
+
+impl Index {
+    /// Builds and checks an index: unique names, valid op names and canonical signatures,
+    /// no ambiguity.
+    pub fn build(kernels: Vec<Arc<Kernel>>) -> Result<Index, RegistryError> {
+        let mut by_name = BTreeMap::new();
+        for k in &kernels {
+            validate_kernel(k)?;
+            if by_name.insert(k.name(), k.clone()).is_some() {
+                return Err(RegistryError::DuplicateName { name: k.name().to_owned() });
+            }
+        }
+        let mut by_op: HashMap<String, Vec<Arc<Kernel>>> = HashMap::new();
+        // Iterate by name so candidate lists start in a deterministic order.
+        for k in by_name.values() {
+            for op in &k.ops {
+                by_op.entry(op.clone()).or_default().push(k.clone());
+            }
+        }
+        for (op, list) in &mut by_op {
+            order_candidates(list);
+            check_ambiguity(op, list)?;
+        }
+        Ok(Index { by_op, by_name })
+    }
+
+    /// The index of every kernel linked into the binary.
+    pub fn from_inventory() -> Result<Index, RegistryError> {
+        let kernels =
+            tpu_kernels::registered().into_iter().map(|r| Arc::new(Kernel::from_static(r))).collect();
+        Index::build(kernels)
+    }
+
+    /// Selects the kernel for `op` and `call`. `op` must be normalised (see [`normalize_op`]).
+    pub fn select(&self, op: &str, call: &CallMeta<'_>) -> Result<&Arc<Kernel>, NoKernel> {
+        let Some(candidates) = self.by_op.get(op) else {
+            return Err(NoKernel::UnknownOp { op: op.to_owned(), known: self.ops() });
+        };
+        for k in candidates {
+            if k.accepts(call).is_ok() {
+                return Ok(k);
+            }
+        }
+        let reasons = candidates
+            .iter()
+            .map(|k| (k.name().to_owned(), k.accepts(call).err().unwrap_or_default()))
+            .collect();
+        Err(NoKernel::NoMatch { op: op.to_owned(), reasons })
+    }
+
+    /// Candidates for `op`, in selection order.
+    pub fn candidates(&self, op: &str) -> &[Arc<Kernel>] {
+        self.by_op.get(op).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Every op with at least one kernel, sorted.
+    pub fn ops(&self) -> Vec<String> {
+        let mut ops: Vec<String> = self.by_op.keys().cloned().collect();
+        ops.sort();
+        ops
+    }
+
+    pub fn kernel(&self, name: &str) -> Option<&Arc<Kernel>> {
+        self.by_name.get(name)
+    }
+
+    /// Every kernel, sorted by name.
+    pub fn kernels(&self) -> impl Iterator<Item = &Arc<Kernel>> {
+        self.by_name.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+}
+
+fn validate_kernel(k: &Kernel) -> Result<(), RegistryError> {
+    let invalid = |message: String| RegistryError::InvalidKernel { name: k.name().to_owned(), message };
+    if k.ops.is_empty() {
+        return Err(invalid("binds no op".to_owned()));
+    }
+    for op in k.record.ops.iter().map(|o| o as &str).chain(k.ops.iter().map(String::as_str)) {
+        validate_op(op).map_err(invalid)?;
+    }
+    if k.record.dtypes.is_empty() {
+        return Err(invalid("accepts no dtype".to_owned()));
+    }
+    if k.record.platforms.is_empty() {
+        return Err(invalid("runs on no platform".to_owned()));
+    }
+    for sig in k.record.canonical {
+        k.record.parse_signature(sig).map_err(|e| invalid(format!("canonical signature `{sig}`: {e}")))?;
+    }
+    Ok(())
+}
+
+fn order_candidates(list: &mut [Arc<Kernel>]) {
+    list.sort_by(|a, b| {
+        b.record
+            .priority
+            .cmp(&a.record.priority)
+            .then_with(|| b.record.guards.len().cmp(&a.record.guards.len()))
+            .then_with(|| a.name().cmp(b.name()))
+    });
+}
+
+fn check_ambiguity(op: &str, list: &[Arc<Kernel>]) -> Result<(), RegistryError> {
+    for (i, a) in list.iter().enumerate() {
+        for b in &list[i + 1..] {
+            if a.record.priority == b.record.priority
+                && a.can_overlap(b)
+                && !a.more_specific_than(b)
+                && !b.more_specific_than(a)
+            {
+                let (x, y) = if a.name() < b.name() { (a, b) } else { (b, a) };
+                return Err(RegistryError::Ambiguous {
+                    op: op.to_owned(),
+                    first: x.name().to_owned(),
+                    second: y.name().to_owned(),
+                    priority: a.record.priority,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The process's registry: linked-in kernels plus runtime registrations, swapped atomically.
+#[derive(Debug)]
+pub struct Registry {
+    index: ArcSwap<Index>,
+    /// Runtime kernels, by name (the linked-in ones are rebuilt from inventory).
+    runtime: Mutex<BTreeMap<&'static str, Arc<Kernel>>>,
+}
+
+impl Registry {
+    /// A registry of the linked-in kernels.
+    pub fn new() -> Result<Registry, RegistryError> {
+        Ok(Registry {
+            index: ArcSwap::from_pointee(Index::from_inventory()?),
+            runtime: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// The one registry of this process (Rust and Python registrations share it).
+    pub fn global() -> Result<&'static Registry, RegistryError> {
+        static GLOBAL: OnceLock<Result<Registry, RegistryError>> = OnceLock::new();
+        GLOBAL.get_or_init(Registry::new).as_ref().map_err(Clone::clone)
+    }
+
+    /// The current index (cheap: an `Arc` clone; later registrations do not change it).
+    pub fn index(&self) -> Arc<Index> {
+        self.index.load_full()
+    }
+
+    /// Selects a kernel for `op` (any spelling: `aten::gelu` or `aten::gelu.default`).
+    pub fn select(&self, op: &str, call: &CallMeta<'_>) -> Result<Arc<Kernel>, NoKernel> {
+        let index = self.index.load();
+        let op = normalize_op(op);
+        index.select(&op, call).cloned()
+    }
+
+    fn rebuild(
+        &self,
+        runtime: &BTreeMap<&'static str, Arc<Kernel>>,
+    ) -> Result<Index, RegistryError> {
+        let current = self.index.load();
+        let mut kernels: Vec<Arc<Kernel>> =
+            current.kernels().filter(|k| !k.runtime).cloned().collect();
+        kernels.extend(runtime.values().cloned());
+        Index::build(kernels)
+    }
+
+    /// Adds a kernel at runtime. On any error (invalid, duplicate name, ambiguity) the registry
+    /// is exactly as it was.
+    pub fn register(&self, mut kernel: Kernel) -> Result<Arc<Kernel>, RegistryError> {
+        kernel.runtime = true;
+        kernel.ops = kernel.ops.iter().map(|o| normalize_op(o)).collect();
+        let kernel = Arc::new(kernel);
+        let mut runtime = self.runtime.lock().map_err(|_| RegistryError::Poisoned)?;
+        let mut next = runtime.clone();
+        if next.insert(kernel.name(), kernel.clone()).is_some() {
+            return Err(RegistryError::DuplicateName { name: kernel.name().to_owned() });
+        }
+        let index = self.rebuild(&next)?;
+        self.index.store(Arc::new(index));
+        *runtime = next;
+        Ok(kernel)
+    }
+
+    /// Removes a runtime-registered kernel. Linked-in kernels cannot be removed.
+    pub fn unregister(&self, name: &str) -> Result<Arc<Kernel>, RegistryError> {
+        let mut runtime = self.runtime.lock().map_err(|_| RegistryError::Poisoned)?;
+        let mut next = runtime.clone();
+        let Some(removed) = next.remove(name) else {
+            let linked = self.index.load().kernel(name).is_some();
+            return Err(RegistryError::NotRemovable { name: name.to_owned(), linked });
+        };
+        let index = self.rebuild(&next)?;
+        self.index.store(Arc::new(index));
+        *runtime = next;
+        Ok(removed)
+    }
+}
+
+/// Metadata of one input, for callers that have strides rather than a contiguity flag.
+pub fn is_contiguous(ty: &TensorType, strides: &[i64]) -> bool {
+    let Some(dims) = ty.shape.static_dims() else { return false };
+    if dims.len() != strides.len() {
+        return false;
+    }
+    let mut expected = 1i64;
+    for (d, s) in dims.iter().zip(strides).rev() {
+        if *d != 1 && *s != expected {
+            return false;
+        }
+        expected *= *d as i64;
+    }
+    true
+}
+
+/// The platform name a PJRT plugin reports, as a [`Platform`].
+pub fn platform_from_name(name: &str) -> Option<Platform> {
+    match name.to_ascii_lowercase().as_str() {
+        "cpu" | "host" => Some(Platform::Cpu),
+        "tpu" => Some(Platform::Tpu),
+        "cuda" | "gpu" => Some(Platform::Cuda),
+        _ => None,
+    }
+}

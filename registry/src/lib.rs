@@ -1,0 +1,14 @@
+//! Index, select, dispatch and execute registered kernels.
+//!
+//! [`pjrt`] is the project's own thin, safe layer over the PJRT C API: it loads the XLA CPU
+//! plugin (the embedded default) or libtpu, compiles StableHLO, moves buffers and executes.
+
+pub mod cache;
+pub mod dispatch;
+mod error;
+pub mod index;
+pub mod pjrt;
+
+pub use dispatch::{DispatchError, Dispatcher, Fallback, FallbackReason, HostTensor};
+pub use error::RegistryError;
+pub use index::{CallMeta, Index, Kernel, KernelSource, NoKernel, Registry, normalize_op};

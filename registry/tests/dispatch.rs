@@ -1,0 +1,191 @@
+//! Eager dispatch on the real CPU plugin: the standard kernels against f64 references computed
+//! here, memoisation, fallbacks with reasons and counters, strict mode.
+
+use std::sync::Arc;
+
+use tpu_kernels::registration::StaticValue;
+use tpu_kernels::{DType, TensorType};
+use tpu_kernels_registry::cache::{CacheConfig, CompileCache};
+use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
+use tpu_kernels_registry::{DispatchError, Dispatcher, FallbackReason, HostTensor, Registry};
+
+fn dispatcher() -> Option<Dispatcher> {
+    let client = cpu_client_for_tests(1)?;
+    let cache = Arc::new(CompileCache::new(CacheConfig::memory_only(64)));
+    Some(Dispatcher::new(Registry::global().unwrap(), client, cache).unwrap())
+}
+
+/// Deterministic values in [-3, 3).
+fn data(n: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
+        })
+        .collect()
+}
+
+fn bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn run(
+    d: &Dispatcher,
+    op: &str,
+    inputs: &[(TensorType, Vec<f32>)],
+    statics: &[(&'static str, StaticValue)],
+) -> Vec<Vec<f32>> {
+    let raw: Vec<Vec<u8>> = inputs.iter().map(|(_, v)| bytes(v)).collect();
+    let host: Vec<HostTensor<'_>> = inputs
+        .iter()
+        .zip(&raw)
+        .map(|((ty, _), data)| HostTensor { ty, data, contiguous: true })
+        .collect();
+    let out = d.call(op, &host, statics).unwrap_or_else(|e| panic!("{op}: {e}"));
+    out.iter().map(|b| b.to_vec::<f32>().unwrap()).collect()
+}
+
+fn max_err(got: &[f32], want: &[f64]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    got.iter().zip(want).map(|(g, w)| (f64::from(*g) - w).abs()).fold(0.0, f64::max)
+}
+
+fn f32_ty(dims: &[u64]) -> TensorType {
+    TensorType::new(DType::F32, dims)
+}
+
+#[test]
+fn elementwise_kernels_match_f64_references() {
+    let Some(d) = dispatcher() else { return };
+    let x = data(4 * 33, 1);
+    let ty = f32_ty(&[4, 33]);
+    let xs = [(ty, x.clone())];
+    let tanh_statics = [("approximate", StaticValue::Str("tanh".into()))];
+    let got = run(&d, "aten::gelu", &xs, &tanh_statics);
+    let want: Vec<f64> = x
+        .iter()
+        .map(|&v| {
+            let v = f64::from(v);
+            0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+        })
+        .collect();
+    assert!(max_err(&got[0], &want) < 1e-5, "gelu_tanh error {}", max_err(&got[0], &want));
+    let got = run(&d, "aten::silu", &xs, &[]);
+    let want: Vec<f64> = x.iter().map(|&v| f64::from(v) / (1.0 + (-f64::from(v)).exp())).collect();
+    assert!(max_err(&got[0], &want) < 1e-5, "silu error {}", max_err(&got[0], &want));
+}
+
+#[test]
+fn normalisation_and_softmax_match_f64_references() {
+    let Some(d) = dispatcher() else { return };
+    let (rows, cols) = (5usize, 33usize);
+    let x = data(rows * cols, 2);
+    let w = data(cols, 3);
+    let got = run(
+        &d,
+        "tpuk::rms_norm",
+        &[(f32_ty(&[5, 33]), x.clone()), (f32_ty(&[33]), w.clone())],
+        &[("eps", StaticValue::Float(1e-6))],
+    );
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let row: Vec<f64> = x[r * cols..(r + 1) * cols].iter().map(|v| f64::from(*v)).collect();
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+        want.extend(row.iter().zip(&w).map(|(v, w)| v / (ms + 1e-6).sqrt() * f64::from(*w)));
+    }
+    assert!(max_err(&got[0], &want) < 1e-5, "rms_norm error {}", max_err(&got[0], &want));
+
+    let got = run(
+        &d,
+        "aten::_softmax",
+        &[(f32_ty(&[5, 33]), x.clone())],
+        &[("dim", StaticValue::Int(-1)), ("half_to_float", StaticValue::Bool(false))],
+    );
+    let mut want = Vec::new();
+    for r in 0..rows {
+        let row: Vec<f64> = x[r * cols..(r + 1) * cols].iter().map(|v| f64::from(*v)).collect();
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
+        want.extend(row.iter().map(|v| (v - m).exp() / s));
+    }
+    assert!(max_err(&got[0], &want) < 1e-6, "softmax error {}", max_err(&got[0], &want));
+}
+
+#[test]
+fn matmul_epilogue_matches_reference() {
+    let Some(d) = dispatcher() else { return };
+    let (m, k, n) = (7usize, 33usize, 5usize);
+    let (x, w, b) = (data(m * k, 4), data(k * n, 5), data(n, 6));
+    let got = run(
+        &d,
+        "tpuk::matmul_bias_act",
+        &[(f32_ty(&[7, 33]), x.clone()), (f32_ty(&[33, 5]), w.clone()), (f32_ty(&[5]), b.clone())],
+        &[("activation", StaticValue::Str("relu".into()))],
+    );
+    let mut want = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let dot: f64 = (0..k).map(|p| f64::from(x[i * k + p]) * f64::from(w[p * n + j])).sum();
+            want[i * n + j] = (dot + f64::from(b[j])).max(0.0);
+        }
+    }
+    assert!(max_err(&got[0], &want) < 1e-4, "matmul error {}", max_err(&got[0], &want));
+}
+
+#[test]
+fn repeated_calls_are_memoised_and_counted() {
+    let Some(d) = dispatcher() else { return };
+    let xs = [(f32_ty(&[8]), data(8, 7))];
+    for _ in 0..5 {
+        run(&d, "aten::silu", &xs, &[]);
+    }
+    let stats = d.stats();
+    let silu = &stats.ops["aten::silu.default"];
+    assert_eq!((silu.calls, silu.substituted), (5, 5));
+    assert_eq!(silu.kernels["silu"], 5);
+    let cache = d.cache().stats();
+    assert_eq!(cache.compiles, 1, "memoised calls must not reach the compiler again");
+}
+
+#[test]
+fn fallbacks_carry_reasons_and_are_counted() {
+    let Some(d) = dispatcher() else { return };
+    let ty = f32_ty(&[4]);
+    let data = bytes(&[1.0, 2.0, 3.0, 4.0]);
+    let input = [HostTensor { ty: &ty, data: &data, contiguous: true }];
+
+    let err = d.call("aten::not_an_op", &input, &[]).unwrap_err();
+    assert!(matches!(err.fallback().reason, FallbackReason::NoKernel(_)), "{err}");
+
+    let strided = [HostTensor { ty: &ty, data: &data, contiguous: false }];
+    let err = d.call("aten::silu", &strided, &[]).unwrap_err();
+    assert!(err.to_string().contains("input 0 is not contiguous"), "{err}");
+
+    let short = [HostTensor { ty: &ty, data: &data[..8], contiguous: true }];
+    let err = d.call("aten::silu", &short, &[]).unwrap_err();
+    assert!(matches!(err.fallback().reason, FallbackReason::BadInput(_)), "{err}");
+    assert!(err.to_string().contains("needs 16 bytes"), "{err}");
+
+    let ints = TensorType::new(DType::I32, [4]);
+    let int_input = [HostTensor { ty: &ints, data: &data, contiguous: true }];
+    let err = d.call("aten::silu", &int_input, &[]).unwrap_err();
+    assert!(err.to_string().contains("dtype i32 not in"), "{err}");
+
+    let stats = d.stats();
+    assert_eq!(stats.ops["aten::silu.default"].fallbacks["no_kernel"], 2);
+    assert_eq!(stats.ops["aten::silu.default"].fallbacks["bad_input"], 1);
+    assert_eq!(stats.ops["aten::not_an_op.default"].fallbacks["no_kernel"], 1);
+    assert_eq!(stats.total_fallbacks(), 4);
+}
+
+#[test]
+fn strict_mode_turns_fallbacks_into_errors() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let cache = Arc::new(CompileCache::new(CacheConfig::memory_only(8)));
+    let d = Dispatcher::new(Registry::global().unwrap(), client, cache).unwrap().strict(true);
+    let ty = f32_ty(&[2]);
+    let data = bytes(&[1.0, 2.0]);
+    let err = d.call("aten::nope", &[HostTensor { ty: &ty, data: &data, contiguous: true }], &[]);
+    assert!(matches!(err, Err(DispatchError::Strict(_))));
+}

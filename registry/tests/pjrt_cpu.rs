@@ -1,0 +1,287 @@
+//! The PJRT layer on the real XLA CPU plugin.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
+
+mod common;
+
+use common::{ADD_F32X4, compile, export_kernel, python_for_tests};
+use half::{bf16, f16};
+use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, cpu_plugin_for_tests};
+use tpu_kernels_registry::pjrt::{
+    AlignedHostBuffer, Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, Input,
+    NativeType, Plugin, Program, StableHloVersion,
+};
+
+#[test]
+fn plugin_loads_once_and_reports_attributes() {
+    let Some(plugin) = cpu_plugin_for_tests() else { return };
+    let attrs = plugin.attributes();
+    let (major, minor) = attrs.api_version();
+    assert_eq!(major, 0);
+    assert!(minor >= 81, "api 0.{minor}");
+    let current = attrs.stablehlo_current_version().expect("stablehlo_current_version");
+    assert!(current >= StableHloVersion { major: 1, minor: 0, patch: 0 }, "{current}");
+    assert!(attrs.stablehlo_minimum_version().is_some());
+    assert!(plugin.has_ffi_extension());
+    // Loaded once per path: a second load is the same plugin.
+    let again = Plugin::load(plugin.path()).unwrap();
+    assert_eq!(again.path(), plugin.path());
+    assert_eq!(plugin.platform().unwrap(), "cpu");
+}
+
+#[test]
+fn client_lists_devices_and_is_send_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Client>();
+    assert_send_sync::<tpu_kernels_registry::pjrt::Buffer>();
+    assert_send_sync::<tpu_kernels_registry::pjrt::LoadedExecutable>();
+    assert_send_sync::<Plugin>();
+    let Some(client) = cpu_client_for_tests(4) else { return };
+    assert_eq!(client.platform(), "cpu");
+    let ids: Vec<i32> = client.devices().iter().map(|d| d.id()).collect();
+    assert_eq!(ids, vec![0, 1, 2, 3]);
+    let two = Client::new(&client.plugin(), ClientOptions::new().cpu_device_count(2)).unwrap();
+    assert_eq!(two.devices().len(), 2);
+}
+
+#[test]
+fn compile_execute_and_read_back() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = compile(&client, ADD_F32X4);
+    let params = exe.parameters().expect("parameter types");
+    assert_eq!(params.len(), 2);
+    assert_eq!(params[0].element_type, ElementType::F32);
+    assert_eq!(params[0].dims, vec![4]);
+    let a = client.buffer_from_host(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    let b = client.buffer_from_host(&[10.0f32, 20.0, 30.0, 40.0], &[4]).unwrap();
+    let out = exe.execute(&[&a, &b]).unwrap();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].dims(), &[4]);
+    let mut host = [0.0f32; 4];
+    out[0].to_host(&mut host).unwrap();
+    assert_eq!(host, [11.0, 22.0, 33.0, 44.0]);
+    let sum = out[0].read_in_place_as::<f32, _>(|v| v.iter().sum::<f32>()).unwrap();
+    assert_eq!(sum, 110.0);
+    let bytes = out[0].read_in_place(|b| b.len()).unwrap();
+    assert_eq!(bytes, 16);
+    // The inputs were borrowed: still valid.
+    assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
+}
+
+#[test]
+fn async_execution_completes_with_wait() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = compile(&client, ADD_F32X4);
+    let a = client.buffer_from_host(&[1.0f32; 4], &[4]).unwrap();
+    let run = exe.execute_async(vec![Input::from(&a), Input::from(&a)]).unwrap();
+    let _ = run.is_ready().unwrap();
+    let mut outs = run.wait().unwrap();
+    let out = outs.pop().unwrap().pop().unwrap();
+    // Outputs of an execution feed the next one without waiting on the host.
+    let run2 = exe.execute_async(vec![Input::from(&out), Input::from(&a)]).unwrap();
+    let out2 = run2.wait().unwrap();
+    assert_eq!(out2[0][0].to_vec::<f32>().unwrap(), vec![3.0; 4]);
+}
+
+#[test]
+fn executes_concurrently_from_threads() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = std::sync::Arc::new(compile(&client, ADD_F32X4));
+    let handles: Vec<_> = (0..4)
+        .map(|t| {
+            let (exe, client) = (exe.clone(), client.clone());
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let x = (t * 100 + i) as f32;
+                    let a = client.buffer_from_host(&[x; 4], &[4]).unwrap();
+                    let out = exe.execute(&[&a, &a]).unwrap();
+                    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0 * x; 4]);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+fn identity_module(ty: &str) -> String {
+    format!(
+        "func.func @main(%a: tensor<2x3x{ty}>) -> tensor<2x3x{ty}> {{\n  return %a : tensor<2x3x{ty}>\n}}\n"
+    )
+}
+
+fn round_trip<T: NativeType + PartialEq + std::fmt::Debug>(
+    client: &Client,
+    mlir: &str,
+    data: [T; 6],
+) {
+    let buf = client.buffer_from_host(&data, &[2, 3]).unwrap();
+    assert_eq!(buf.element_type(), T::TYPE);
+    assert_eq!(buf.to_vec::<T>().unwrap(), data.to_vec());
+    let exe = compile(client, &identity_module(mlir));
+    assert_eq!(exe.parameters().unwrap()[0].element_type, T::TYPE, "{mlir}");
+    let out = exe.execute(&[&buf]).unwrap();
+    let mut host = [data[0]; 6];
+    out[0].to_host(&mut host).unwrap();
+    assert_eq!(host, data, "{mlir}");
+    // The PJRT transfer path (what non-CPU plugins use) gives the same values.
+    let mut transferred = [data[0]; 6];
+    out[0].to_host_via_transfer(&mut transferred).unwrap();
+    assert_eq!(transferred, data, "{mlir}");
+}
+
+#[test]
+fn every_dtype_round_trips() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    round_trip(&client, "f32", [1.5f32, -2.0, 3.25, 0.0, 1e30, -7.0]);
+    round_trip(&client, "f64", [1.5f64, -2.0, 3.25, 0.0, 1e300, -7.0]);
+    round_trip(&client, "bf16", [1.5, -2.0, 3.25, 0.0, 256.0, -7.0].map(bf16::from_f32));
+    round_trip(&client, "f16", [1.5, -2.0, 3.25, 0.0, 1000.0, -7.0].map(f16::from_f32));
+    round_trip(&client, "i32", [1i32, -2, i32::MAX, 0, i32::MIN, 7]);
+    round_trip(&client, "i64", [1i64, -2, i64::MAX, 0, i64::MIN, 7]);
+    round_trip(&client, "i8", [1i8, -2, 127, 0, -128, 7]);
+    round_trip(&client, "ui8", [1u8, 2, 255, 0, 128, 7]);
+    round_trip(&client, "i1", [true, false, true, true, false, false]);
+}
+
+#[test]
+fn zero_copy_upload_from_aligned_memory() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let mut host = AlignedHostBuffer::<f32>::zeroed(1024);
+    for (i, v) in host.iter_mut().enumerate() {
+        *v = i as f32;
+    }
+    let host_ptr = host.as_ptr() as usize;
+    assert_eq!(host_ptr % 4096, 0);
+    let buf = client.buffer_from_aligned(host, &[1024]).unwrap();
+    assert!(buf.is_zero_copy());
+    // On the CPU plugin the device buffer is the host memory itself.
+    let device_ptr = buf.read_in_place(|b| b.as_ptr() as usize).unwrap();
+    assert_eq!(device_ptr, host_ptr);
+    let module = r#"
+func.func @main(%a: tensor<1024xf32>) -> tensor<f32> {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%a init: %z) applies stablehlo.add across dimensions = [0] : (tensor<1024xf32>, tensor<f32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}"#;
+    let exe = compile(&client, module);
+    let out = exe.execute(&[&buf]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![(1023 * 1024 / 2) as f32]);
+    drop(buf); // frees the host memory only after PJRT is done with it
+}
+
+const DONATING: &str = r#"
+func.func @main(%a: tensor<1024xf32> {tf.aliasing_output = 0 : i32}) -> tensor<1024xf32> {
+  %one = stablehlo.constant dense<1.0> : tensor<1024xf32>
+  %0 = stablehlo.add %a, %one : tensor<1024xf32>
+  return %0 : tensor<1024xf32>
+}"#;
+
+#[test]
+fn donation_reuses_the_input_buffer() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = compile(&client, DONATING);
+    let first =
+        exe.execute(&[&client.buffer_from_host(&[0.0f32; 1024], &[1024]).unwrap()]).unwrap();
+    let mut buf = first.into_iter().next().unwrap();
+    let before = buf.read_in_place(|b| b.as_ptr() as usize).unwrap();
+    for _ in 0..3 {
+        buf = exe.execute_with(vec![Input::Donated(buf)]).unwrap().into_iter().next().unwrap();
+    }
+    let after = buf.read_in_place(|b| b.as_ptr() as usize).unwrap();
+    assert_eq!(before, after, "donated input memory is the output");
+    assert_eq!(buf.to_vec::<f32>().unwrap(), vec![4.0; 1024]);
+    // A borrowed argument to the same executable is never donated: it stays readable.
+    let kept = client.buffer_from_host(&[5.0f32; 1024], &[1024]).unwrap();
+    let out = exe.execute(&[&kept]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![6.0; 1024]);
+    assert_eq!(kept.to_vec::<f32>().unwrap(), vec![5.0; 1024]);
+}
+
+const SHARDED: &str = r#"
+func.func @main(%x: tensor<8x4xf32> {mhlo.sharding = "{devices=[4,1]0,1,2,3}"})
+    -> (tensor<8x4xf32> {mhlo.sharding = "{devices=[4,1]0,1,2,3}"},
+        tensor<4xf32> {mhlo.sharding = "{replicated}"}) {
+  %two = stablehlo.constant dense<2.0> : tensor<8x4xf32>
+  %0 = stablehlo.multiply %x, %two : tensor<8x4xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %1 = stablehlo.reduce(%x init: %z) applies stablehlo.add across dimensions = [0] : (tensor<8x4xf32>, tensor<f32>) -> tensor<4xf32>
+  return %0, %1 : tensor<8x4xf32>, tensor<4xf32>
+}"#;
+
+#[test]
+fn spmd_over_four_devices() {
+    let Some(client) = cpu_client_for_tests(4) else { return };
+    let options = CompileOptions::spmd(4);
+    let exe = client.compile(&Program::text(SHARDED), &options).unwrap();
+    assert_eq!(exe.devices().len(), 4);
+    assert_eq!(exe.num_partitions(), 4);
+    assert_eq!(exe.parameters().unwrap()[0].dims, vec![2, 4], "per-device shard shape");
+    let shards: Vec<_> = client
+        .devices()
+        .iter()
+        .enumerate()
+        .map(|(d, dev)| {
+            let data: Vec<f32> = (0..8).map(|i| (d * 8 + i) as f32).collect();
+            client.buffer_from_host_on(&data, &[2, 4], dev).unwrap()
+        })
+        .collect();
+    let args = shards.iter().map(|b| vec![Input::from(b)]).collect();
+    let outs = exe.execute_sharded(args).unwrap();
+    assert_eq!(outs.len(), 4);
+    for (d, out) in outs.iter().enumerate() {
+        let doubled = out[0].to_vec::<f32>().unwrap();
+        let expect: Vec<f32> = (0..8).map(|i| 2.0 * (d * 8 + i) as f32).collect();
+        assert_eq!(doubled, expect);
+        // Column sums of the whole 8x4 matrix (an all-reduce across the four devices).
+        let sums = out[1].to_vec::<f32>().unwrap();
+        let expect: Vec<f32> = (0..4).map(|c| (0..8).map(|r| (r * 4 + c) as f32).sum()).collect();
+        assert_eq!(sums, expect);
+    }
+    // Running the single-device entry point on it is a typed error, not a crash.
+    assert!(matches!(
+        exe.execute(&[&shards[0]]),
+        Err(tpu_kernels_registry::pjrt::Error::DeviceCount { expected: 4, got: 1 })
+    ));
+}
+
+#[test]
+fn explicit_device_assignment() {
+    let Some(client) = cpu_client_for_tests(4) else { return };
+    let options =
+        CompileOptions::new().device_assignment(DeviceAssignment::partitions(&[2]).unwrap());
+    let exe = client.compile(&Program::text(ADD_F32X4), &options).unwrap();
+    assert_eq!(exe.devices()[0].id(), 2);
+    let dev = &client.devices()[2];
+    let a = client.buffer_from_host_on(&[1.0f32; 4], &[4], dev).unwrap();
+    let out = exe.execute(&[&a, &a]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0; 4]);
+}
+
+#[test]
+fn serialize_and_reload() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = compile(&client, ADD_F32X4);
+    let bytes = exe.serialize().unwrap();
+    assert!(!bytes.is_empty());
+    let reloaded = client.deserialize(&bytes).unwrap();
+    assert_eq!(reloaded.parameters(), exe.parameters());
+    let a = client.buffer_from_host(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    let out = reloaded.execute(&[&a, &a]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0, 6.0, 8.0]);
+}
+
+#[test]
+fn compiles_bytecode_exported_by_jax() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let Some(python) = python_for_tests() else { return };
+    let bytecode = export_kernel(&python, "jnp_bytecode");
+    let program = Program::bytecode(bytecode);
+    assert!(program.is_bytecode());
+    let exe = client.compile(&program, &CompileOptions::new()).unwrap();
+    let x = client.buffer_from_host(&[0.0f32, 0.5, -0.5, 1.0, -1.0, 2.0], &[2, 3]).unwrap();
+    let out = exe.execute(&[&x]).unwrap()[0].to_vec::<f32>().unwrap();
+    for (o, x) in out.iter().zip([0.0f32, 0.5, -0.5, 1.0, -1.0, 2.0]) {
+        assert!((o - (x.tanh() * 2.0 + 1.0)).abs() < 1e-6);
+    }
+}
