@@ -4,6 +4,7 @@
 //! plugin (the embedded default) or libtpu, compiles StableHLO, moves buffers and executes.
 
 pub mod cache;
+pub mod check;
 pub mod dispatch;
 mod error;
 pub mod index;
@@ -12,3 +13,4 @@ pub mod pjrt;
 pub use dispatch::{DispatchError, Dispatcher, Fallback, FallbackReason, HostTensor};
 pub use error::RegistryError;
 pub use index::{CallMeta, Index, Kernel, KernelSource, NoKernel, Registry, normalize_op};
+pub mod graph;

@@ -21,9 +21,9 @@ const PLUGIN_SAMPLE: u64 = 1 << 20;
 ///
 /// 1. [`KEY_VERSION`];
 /// 2. the program: StableHLO text with every location stripped
-///    ([`tpu_kernels::reader::strip_locations`]), so the same specialised module emitted from
-///    another file or line hits the same entry (bytecode, and text that does not tokenize, are
-///    hashed verbatim);
+///    ([`tpu_kernels::reader::strip_locations`]) and each line trimmed, blank lines dropped, so
+///    the same specialised module emitted from another file or line, or indented differently,
+///    hits the same entry (bytecode, and text that does not tokenize, are hashed verbatim);
 /// 3. the compile options, as the exact `CompileOptionsProto` bytes PJRT receives
 ///    ([`CompileOptions::to_proto`], deterministic);
 /// 4. the plugin's identity (see [`CacheKey::compute`]);
@@ -120,7 +120,16 @@ fn module_bytes(program: &Program) -> Cow<'_, [u8]> {
     }
     match std::str::from_utf8(raw).ok().and_then(|t| tpu_kernels::reader::strip_locations(t).ok())
     {
-        Some(stripped) => Cow::Owned([b"text:".as_slice(), stripped.as_bytes()].concat()),
+        Some(stripped) => {
+            // MLIR string literals cannot span lines, so indentation, trailing blanks and blank
+            // lines are never significant: drop them too.
+            let mut out = b"text:".to_vec();
+            for line in stripped.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                out.extend_from_slice(line.as_bytes());
+                out.push(b'\n');
+            }
+            Cow::Owned(out)
+        }
         None => Cow::Owned([b"raw:".as_slice(), raw].concat()),
     }
 }
@@ -212,6 +221,10 @@ mod tests {
             "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32> loc(\"x.py\":1:2)\n}\n",
         );
         assert_eq!(module_bytes(&a), module_bytes(&c));
+        let d = Program::text(
+            "\n  func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {  \n\n    return %a : tensor<4xf32>\n}",
+        );
+        assert_eq!(module_bytes(&a), module_bytes(&d));
         assert_ne!(module_bytes(&a), module_bytes(&Program::text("func.func @other")));
         // Text that does not tokenize is hashed verbatim.
         assert!(module_bytes(&Program::text("\"unterminated")).starts_with(b"raw:"));

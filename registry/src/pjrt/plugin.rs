@@ -94,6 +94,12 @@ impl Plugin {
             // this path is only a fallback. Without it libtpu blocks for ten minutes on start.
             unsafe { std::env::set_var("TPU_SKIP_MDS_QUERY", "1") };
         }
+        if is_libtpu(&canonical) && std::env::var_os("ALLOW_MULTIPLE_LIBTPU_LOAD").is_none() {
+            // SAFETY: as above. This project only uses libtpu's compile-only path, which touches
+            // no device, so several processes (a test and the `tpuk` it runs, two CI jobs) may
+            // load it at once; without this libtpu refuses every process but the first.
+            unsafe { std::env::set_var("ALLOW_MULTIPLE_LIBTPU_LOAD", "1") };
+        }
         // SAFETY: loading a shared library runs its initializers; the caller asked for this file
         // to be loaded as a PJRT plugin, which is exactly what a plugin file is meant for.
         let lib = unsafe { libloading::Library::new(&canonical) }

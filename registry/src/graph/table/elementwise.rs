@@ -1,12 +1,11 @@
 //! Elementwise ops, conversions and tensor creation.
 
 use tpu_kernels::ir::{BinaryOp, Direction, UnaryOp};
-use tpu_kernels::kernels;
 use tpu_kernels::{DType, Shape, Tensor, TensorType};
 
 use super::{
-    Cx, Operand, R, Scalar, bad, broadcast_all, convert, float_of, materialize, one, result_type,
-    scalar_const, splat,
+    Cx, Operand, R, Scalar, acc_type, bad, broadcast_all, convert, float_of, materialize, one,
+    result_type, scalar_const, splat,
 };
 
 type Out<'b> = R<Vec<Tensor<'b>>>;
@@ -78,8 +77,9 @@ pub(super) fn div_mode<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
                 return one(fl);
             }
             let ce = b.unary(UnaryOp::Ceil, q)?;
-            let neg = b.compare(Direction::Lt, q, q.scalar(0.0))?;
-            one(q.builder().select(broadcast_all(b, &[neg, ce])?[0], ce, fl)?)
+            let zero = splat(b, q.ty(), Scalar::Int(0))?;
+            let neg = b.compare(Direction::Lt, q, zero)?;
+            one(b.select(neg, ce, fl)?)
         }
         Some(m @ ("trunc" | "floor")) => {
             let (xt, yt) = (materialize(b, x, dt)?, materialize(b, y, dt)?);
@@ -211,18 +211,33 @@ pub(super) fn relu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(cx.b.binary(BinaryOp::Maximum, x, zero)?)
 }
 
-/// GELU through the standard kernel's formula (`approximate` = `none` or `tanh`).
-pub(super) fn gelu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
-    let x = cx.tensor(0, "self")?;
-    match cx.opt_string(1, "approximate")?.unwrap_or("none") {
-        "none" => one(kernels::gelu_exact(x)),
-        "tanh" => one(kernels::gelu_tanh(x)),
-        other => bad(format!("approximate `{other}` is not `none` or `tanh`")),
-    }
+/// `x` in the type it computes in (f32 for 16-bit floats, f32 for integers).
+fn upcast<'b>(cx: &Cx<'_, 'b>, x: Tensor<'b>) -> R<Tensor<'b>> {
+    convert(cx.b, x, acc_type(float_of(x.dtype())))
 }
 
+/// GELU, `approximate` = `none` (`0.5 x (1 + erf(x / sqrt 2))`) or `tanh`
+/// (`0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`), computed in f32 for 16-bit floats.
+pub(super) fn gelu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let xf = upcast(cx, x)?;
+    let inner = match cx.opt_string(1, "approximate")?.unwrap_or("none") {
+        "none" => (xf * std::f64::consts::FRAC_1_SQRT_2).erf(),
+        "tanh" => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            ((xf + xf * xf * xf * 0.044715) * k).tanh()
+        }
+        other => return bad(format!("approximate `{other}` is not `none` or `tanh`")),
+    };
+    let y = xf * (inner + 1.0) * 0.5;
+    one(convert(cx.b, y, float_of(x.dtype()))?)
+}
+
+/// `x * sigmoid(x)`, computed in f32 for 16-bit floats.
 pub(super) fn silu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
-    one(kernels::silu(cx.tensor(0, "self")?))
+    let x = cx.tensor(0, "self")?;
+    let xf = upcast(cx, x)?;
+    one(convert(cx.b, xf * xf.sigmoid(), float_of(x.dtype()))?)
 }
 
 // ----- comparisons and logic -----

@@ -1,9 +1,9 @@
 //! Reductions.
 
 use tpu_kernels::ir::{BinaryOp, Direction};
-use tpu_kernels::{DType, Dim, KernelBuilder, Shape, Tensor, TensorType};
+use tpu_kernels::{DType, Dim, KernelBuilder, Shape, Tensor};
 
-use super::{Cx, R, Scalar, acc_type, axis, bad, convert, dims_of, one, scalar_const};
+use super::{Cx, R, Scalar, acc_type, axis, bad, convert, dims_of, one, scalar_const, splat};
 
 type Out<'b> = R<Vec<Tensor<'b>>>;
 
@@ -167,14 +167,10 @@ fn extreme_with_index<'b>(
     }
     let size = dims_of(x)?[d];
     let iota = b.iota(x.ty().with_dtype(DType::I64), d as i64)?;
-    let past = tpu_kernels_splat(b, x.ty().with_dtype(DType::I64), size as i64)?;
+    let past = splat(b, x.ty().with_dtype(DType::I64), Scalar::Int(size as i64))?;
     let idx = b.select(hit, iota, past)?;
     let first = reduce(b, idx, BinaryOp::Minimum, highest(DType::I64), &[d], true)?;
     Ok((m, first))
-}
-
-fn tpu_kernels_splat<'b>(b: &'b KernelBuilder, ty: TensorType, v: i64) -> R<Tensor<'b>> {
-    super::splat(b, ty, Scalar::Int(v))
 }
 
 fn drop_dim<'b>(b: &'b KernelBuilder, t: Tensor<'b>, d: usize, keepdim: bool) -> R<Tensor<'b>> {

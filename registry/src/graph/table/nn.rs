@@ -1,0 +1,723 @@
+//! Matmuls, indexing (one-hot), softmax, losses and attention.
+
+use tpu_kernels::ir::{BinaryOp, Direction, DotDims, Precision, UnaryOp};
+use tpu_kernels::{DType, KernelBuilder, Shape, Tensor, TensorType};
+
+use super::reduce::reduce;
+use super::{
+    Cx, R, Scalar, acc_type, axis, bad, broadcast_all, convert, dims_of, one, scalar_const, splat,
+};
+
+type Out<'b> = R<Vec<Tensor<'b>>>;
+
+// ----- matmul -----
+
+/// `dot_general` that accumulates 16-bit floats in f32 and rounds once, as PyTorch's CPU does.
+fn dot<'b>(
+    b: &'b KernelBuilder,
+    x: Tensor<'b>,
+    y: Tensor<'b>,
+    dims: DotDims,
+    precision: Option<[Precision; 2]>,
+) -> R<Tensor<'b>> {
+    let dt = x.dtype();
+    if y.dtype() != dt {
+        return bad(format!("matmul operands differ in type: {} vs {}", x.ty(), y.ty()));
+    }
+    let acc = acc_type(dt);
+    let out = (acc != dt).then_some(acc);
+    let r = b.dot_general(x, y, dims, precision, out)?;
+    convert(b, r, dt)
+}
+
+/// Dimension numbers with `n` leading batch dims, contracting `lc` of the lhs with `rc` of the rhs.
+fn batched(n: usize, lc: usize, rc: usize) -> DotDims {
+    let batch: Vec<i64> = (0..n as i64).collect();
+    DotDims {
+        lhs_batch: batch.clone(),
+        rhs_batch: batch,
+        lhs_contracting: vec![lc as i64],
+        rhs_contracting: vec![rc as i64],
+    }
+}
+
+fn rank_is(t: Tensor<'_>, rank: usize, name: &str) -> R<()> {
+    if t.rank() != rank {
+        return bad(format!("`{name}` must have rank {rank}, got {}", t.ty()));
+    }
+    Ok(())
+}
+
+pub(super) fn mm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.tensor(0, "self")?, cx.tensor(1, "mat2")?);
+    rank_is(x, 2, "self")?;
+    rank_is(y, 2, "mat2")?;
+    one(dot(cx.b, x, y, batched(0, 1, 0), None)?)
+}
+
+pub(super) fn bmm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.tensor(0, "self")?, cx.tensor(1, "mat2")?);
+    rank_is(x, 3, "self")?;
+    rank_is(y, 3, "mat2")?;
+    one(dot(cx.b, x, y, batched(1, 2, 1), None)?)
+}
+
+/// `beta * self + alpha * (mat1 @ mat2)`; with `beta == 0`, `self` is ignored.
+pub(super) fn addmm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (bias, x, y) = (cx.tensor(0, "self")?, cx.tensor(1, "mat1")?, cx.tensor(2, "mat2")?);
+    rank_is(x, 2, "mat1")?;
+    rank_is(y, 2, "mat2")?;
+    let beta = cx.opt_scalar(usize::MAX, "beta")?.map_or(1.0, Scalar::as_f64);
+    let alpha = cx.opt_scalar(usize::MAX, "alpha")?.map_or(1.0, Scalar::as_f64);
+    let dt = x.dtype();
+    let mut p = dot(b, x, y, batched(0, 1, 0), None)?;
+    if alpha != 1.0 {
+        p = b.binary(BinaryOp::Multiply, p, scalar_const(b, dt, Scalar::Float(alpha))?)?;
+    }
+    if beta == 0.0 {
+        return one(p);
+    }
+    let mut bias = convert(b, bias, dt)?;
+    if beta != 1.0 {
+        bias = b.binary(BinaryOp::Multiply, bias, scalar_const(b, dt, Scalar::Float(beta))?)?;
+    }
+    let v = broadcast_all(b, &[bias, p])?;
+    one(b.binary(BinaryOp::Add, v[0], v[1])?)
+}
+
+// ----- one-hot indexing -----
+
+fn index_tensor(t: Tensor<'_>, name: &str) -> R<()> {
+    if !t.dtype().is_integer() {
+        return bad(format!("`{name}` must be an integer tensor, got {}", t.ty()));
+    }
+    Ok(())
+}
+
+/// `onehot[..., k] = (idx[...] == k)` for `k` in `0..size` (negative indices wrap): `I + [size]`.
+fn one_hot<'b>(b: &'b KernelBuilder, idx: Tensor<'b>, size: u64) -> R<Tensor<'b>> {
+    let dt = idx.dtype();
+    let zero = scalar_const(b, dt, Scalar::Int(0))?;
+    let n = scalar_const(b, dt, Scalar::Int(size as i64))?;
+    let neg = b.compare(Direction::Lt, idx, zero)?;
+    let wrapped = b.binary(BinaryOp::Add, idx, n)?;
+    let v = broadcast_all(b, &[neg, wrapped, idx])?;
+    let idx = b.select(v[0], v[1], v[2])?;
+    let mut dims = dims_of(idx)?;
+    let r = dims.len();
+    dims.push(size);
+    let ty = TensorType::new(dt, Shape::of(&dims));
+    let map: Vec<i64> = (0..r as i64).collect();
+    let wide = b.broadcast_in_dim(idx, ty.clone(), &map)?;
+    let iota = b.iota(ty, r as i64)?;
+    Ok(b.compare(Direction::Eq, wide, iota)?)
+}
+
+/// The type one-hot dots run in: bools as `i32`.
+fn dot_type(dt: DType) -> DType {
+    if dt == DType::Bool { DType::I32 } else { dt }
+}
+
+const HIGHEST: Option<[Precision; 2]> = Some([Precision::Highest, Precision::Highest]);
+
+/// `table[idx]` along the first dimension: `I + table.shape[1:]`.
+fn take_rows<'b>(b: &'b KernelBuilder, table: Tensor<'b>, idx: Tensor<'b>) -> R<Tensor<'b>> {
+    let dt = table.dtype();
+    let t = convert(b, table, dot_type(dt))?;
+    let rows = dims_of(table)?[0];
+    let oh = convert(b, one_hot(b, idx, rows)?, t.dtype())?;
+    let r = idx.rank();
+    let out = dot(b, oh, t, batched(0, r, 0), HIGHEST)?;
+    convert(b, out, dt)
+}
+
+/// `embedding(weight, indices, ...)`: a one-hot matrix times the weight.
+pub(super) fn embedding<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (w, idx) = (cx.tensor(0, "weight")?, cx.tensor(1, "indices")?);
+    rank_is(w, 2, "weight")?;
+    index_tensor(idx, "indices")?;
+    one(take_rows(cx.b, w, idx)?)
+}
+
+/// The transposed one-hot times the gradient; rows at `padding_idx` get no gradient.
+pub(super) fn embedding_dense_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (g, idx) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "indices")?);
+    index_tensor(idx, "indices")?;
+    let num = cx.int(2, "num_weights")?;
+    let padding = cx.int_or(3, "padding_idx", -1)?;
+    if cx.bool_or(4, "scale_grad_by_freq", false)? {
+        return bad("scale_grad_by_freq=True is not lowered");
+    }
+    if num < 0 {
+        return bad(format!("num_weights {num} is negative"));
+    }
+    let mut oh = one_hot(b, idx, num as u64)?;
+    if padding >= 0 {
+        let p = scalar_const(b, idx.dtype(), Scalar::Int(padding))?;
+        let keep = b.compare(Direction::Ne, idx, p)?;
+        let keep = b.broadcast_in_dim(
+            keep,
+            oh.ty(),
+            &(0..idx.rank() as i64).collect::<Vec<_>>(),
+        )?;
+        oh = b.binary(BinaryOp::And, oh, keep)?;
+    }
+    let oh = convert(b, oh, g.dtype())?;
+    let r = idx.rank();
+    let batch: Vec<i64> = (0..r as i64).collect();
+    let dims = DotDims {
+        lhs_batch: vec![],
+        rhs_batch: vec![],
+        lhs_contracting: batch.clone(),
+        rhs_contracting: batch,
+    };
+    one(dot(b, oh, g, dims, HIGHEST)?)
+}
+
+/// The single index tensor of an `indices` list (`Tensor?[]`): only `[idx]` (trailing `None`s
+/// allowed) is lowered.
+fn single_index<'b>(cx: &Cx<'_, 'b>, i: usize) -> R<Tensor<'b>> {
+    let list = cx.tensor_list(i, "indices")?;
+    match list.split_first() {
+        Some((Some(idx), rest)) if rest.iter().all(Option::is_none) => {
+            if idx.dtype() == DType::Bool {
+                return bad("boolean mask indices give data-dependent shapes; not lowered");
+            }
+            index_tensor(*idx, "indices")?;
+            Ok(*idx)
+        }
+        _ => bad("only one index tensor, on the first dimension, is lowered"),
+    }
+}
+
+/// `self[idx]` with one index tensor on the first dimension.
+pub(super) fn index<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    if x.rank() == 0 {
+        return bad("cannot index a 0-dim tensor");
+    }
+    let idx = single_index(cx, 1)?;
+    one(take_rows(cx.b, x, idx)?)
+}
+
+/// `index_put(self, [idx], values, accumulate)`: the transposed one-hot times the values; with
+/// `accumulate=False` the rows hit take the (summed) written values.
+pub(super) fn index_put<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "self")?;
+    let idx = single_index(cx, 1)?;
+    let values = cx.tensor(2, "values")?;
+    let accumulate = cx.bool_or(3, "accumulate", false)?;
+    let have = dims_of(x)?;
+    let Some((&rows, rest)) = have.split_first() else {
+        return bad("cannot index_put into a 0-dim tensor");
+    };
+    let mut target = dims_of(idx)?;
+    target.extend_from_slice(rest);
+    let dt = x.dtype();
+    let values = convert(b, values, dot_type(dt))?;
+    let values = b.broadcast_to(values, &Shape::of(&target))?;
+    let oh = one_hot(b, idx, rows)?;
+    let r = idx.rank();
+    let lead: Vec<i64> = (0..r as i64).collect();
+    let dims = DotDims {
+        lhs_batch: vec![],
+        rhs_batch: vec![],
+        lhs_contracting: lead.clone(),
+        rhs_contracting: lead.clone(),
+    };
+    let contrib = dot(b, convert(b, oh, values.dtype())?, values, dims, HIGHEST)?;
+    let xv = convert(b, x, values.dtype())?;
+    let out = if accumulate {
+        b.binary(BinaryOp::Add, xv, contrib)?
+    } else {
+        let dims: Vec<usize> = (0..r).collect();
+        let hit = reduce(b, oh, BinaryOp::Or, Scalar::Bool(false), &dims, false)?;
+        let hit = b.broadcast_in_dim(hit, xv.ty().with_dtype(DType::Bool), &[0])?;
+        b.select(hit, contrib, xv)?
+    };
+    one(convert(b, out, dt)?)
+}
+
+/// `(index, self)` prepared for a gather/scatter along `d`: the comparison `index == k` as
+/// `I + [K]` (`K` = `self.shape[d]`).
+fn along<'b>(b: &'b KernelBuilder, x: Tensor<'b>, d: usize, idx: Tensor<'b>) -> R<Tensor<'b>> {
+    index_tensor(idx, "index")?;
+    let (xs, is) = (dims_of(x)?, dims_of(idx)?);
+    if is.len() != xs.len() {
+        return bad(format!("index {} and self {} differ in rank", idx.ty(), x.ty()));
+    }
+    one_hot(b, idx, xs[d])
+}
+
+/// `x` sliced to `idx`'s extent in every dimension but `d`.
+fn fit<'b>(b: &'b KernelBuilder, x: Tensor<'b>, like: &[u64], d: usize) -> R<Tensor<'b>> {
+    let xs = dims_of(x)?;
+    let mut hi: Vec<i64> = xs.iter().map(|&s| s as i64).collect();
+    for (e, h) in hi.iter_mut().enumerate() {
+        if e != d {
+            if like[e] > xs[e] {
+                return bad(format!("index extent {like:?} exceeds {} in dimension {e}", x.ty()));
+            }
+            *h = like[e] as i64;
+        }
+    }
+    if hi.iter().zip(&xs).all(|(h, s)| *h == *s as i64) {
+        return Ok(x);
+    }
+    Ok(b.slice(x, &vec![0; xs.len()], &hi, &vec![1; xs.len()])?)
+}
+
+/// `sum_k select(mask, x, 0)` over the last axis (or `or` for bools): exact for one hit.
+fn pick_last<'b>(b: &'b KernelBuilder, mask: Tensor<'b>, x: Tensor<'b>) -> R<Tensor<'b>> {
+    let zero = splat(b, x.ty(), Scalar::Int(0))?;
+    let sel = b.select(mask, x, zero)?;
+    let last = x.rank() - 1;
+    let op = if x.dtype() == DType::Bool { BinaryOp::Or } else { BinaryOp::Add };
+    let init = if x.dtype() == DType::Bool { Scalar::Bool(false) } else { Scalar::Int(0) };
+    reduce(b, sel, op, init, &[last], false)
+}
+
+/// `gather(self, dim, index)`: `out[..i..] = self[..index[..i..]..]` along `dim`.
+pub(super) fn gather<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let idx = cx.tensor(2, "index")?;
+    if x.rank() == 0 {
+        return one(x);
+    }
+    let cmp = along(b, x, d, idx)?;
+    let is = dims_of(idx)?;
+    let xs = fit(b, x, &is, d)?;
+    let r = x.rank();
+    let map: Vec<i64> = (0..r).map(|e| if e == d { r as i64 } else { e as i64 }).collect();
+    let wide = b.broadcast_in_dim(xs, cmp.ty().with_dtype(x.dtype()), &map)?;
+    one(pick_last(b, cmp, wide)?)
+}
+
+/// The scatter family along `d`: `(hit, contrib)` in `self`'s shape, where `hit` marks the
+/// elements some index points at and `contrib` sums what is written there (`src` or `value`).
+fn scatter_parts<'b>(
+    b: &'b KernelBuilder,
+    x: Tensor<'b>,
+    d: usize,
+    idx: Tensor<'b>,
+    src: Option<Tensor<'b>>,
+) -> R<(Tensor<'b>, Option<Tensor<'b>>)> {
+    let cmp = along(b, x, d, idx)?;
+    let is = dims_of(idx)?;
+    let xs = dims_of(x)?;
+    let r = xs.len();
+    // Reduce over dim `d` of the index (`j`), then move the `K` axis (last) to `d`.
+    let to_self = |t: Tensor<'b>, pad: Scalar| -> R<Tensor<'b>> {
+        let perm: Vec<i64> = (0..r)
+            .map(|e| match e.cmp(&d) {
+                std::cmp::Ordering::Less => e as i64,
+                std::cmp::Ordering::Equal => r as i64 - 1,
+                std::cmp::Ordering::Greater => e as i64 - 1,
+            })
+            .collect();
+        let t = if perm.iter().enumerate().all(|(i, p)| i as i64 == *p) {
+            t
+        } else {
+            b.transpose(t, &perm)?
+        };
+        let high: Vec<i64> =
+            (0..r).map(|e| if e == d { 0 } else { (xs[e] - is[e]) as i64 }).collect();
+        if high.iter().all(|h| *h == 0) {
+            return Ok(t);
+        }
+        let pv = scalar_const(b, t.dtype(), pad)?;
+        Ok(b.pad(t, pv, &vec![0; r], &high, &vec![0; r])?)
+    };
+    let hit = reduce(b, cmp, BinaryOp::Or, Scalar::Bool(false), &[d], false)?;
+    let hit = to_self(hit, Scalar::Bool(false))?;
+    let contrib = match src {
+        None => None,
+        Some(src) => {
+            let src = fit(b, convert(b, src, x.dtype())?, &is, usize::MAX)?;
+            let map: Vec<i64> = (0..r as i64).collect();
+            let wide = b.broadcast_in_dim(src, cmp.ty().with_dtype(x.dtype()), &map)?;
+            let zero = splat(b, wide.ty(), Scalar::Int(0))?;
+            let sel = b.select(cmp, wide, zero)?;
+            let (op, init) = if x.dtype() == DType::Bool {
+                (BinaryOp::Or, Scalar::Bool(false))
+            } else {
+                (BinaryOp::Add, Scalar::Int(0))
+            };
+            let summed = reduce(b, sel, op, init, &[d], false)?;
+            Some(to_self(summed, Scalar::Int(0))?)
+        }
+    };
+    Ok((hit, contrib))
+}
+
+/// `scatter(self, dim, index, value)`: the elements `index` points at become `value`.
+pub(super) fn scatter_value<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let idx = cx.tensor(2, "index")?;
+    let value = scalar_const(b, x.dtype(), cx.scalar(3, "value")?)?;
+    let (hit, _) = scatter_parts(b, x, d, idx, None)?;
+    let value = b.broadcast_to(value, &x.shape())?;
+    one(b.select(hit, value, x)?)
+}
+
+/// `scatter(self, dim, index, src)` (repeated indices sum; PyTorch leaves them unspecified).
+pub(super) fn scatter_src<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let (idx, src) = (cx.tensor(2, "index")?, cx.tensor(3, "src")?);
+    let (hit, contrib) = scatter_parts(b, x, d, idx, Some(src))?;
+    match contrib {
+        Some(c) => one(b.select(hit, c, x)?),
+        None => bad("scatter needs `src`"),
+    }
+}
+
+pub(super) fn scatter_add<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let (idx, src) = (cx.tensor(2, "index")?, cx.tensor(3, "src")?);
+    let (_, contrib) = scatter_parts(b, x, d, idx, Some(src))?;
+    match contrib {
+        Some(c) if x.dtype() == DType::Bool => one(b.binary(BinaryOp::Or, x, c)?),
+        Some(c) => one(b.binary(BinaryOp::Add, x, c)?),
+        None => bad("scatter_add needs `src`"),
+    }
+}
+
+// ----- softmax -----
+
+fn softmax_input<'b>(cx: &Cx<'_, 'b>) -> R<(Tensor<'b>, i64)> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())? as i64;
+    let x = if cx.bool_or(2, "half_to_float", false)? { convert(cx.b, x, DType::F32)? } else { x };
+    if !x.dtype().is_float() {
+        return bad(format!("softmax needs a float type, got {}", x.ty()));
+    }
+    if x.rank() == 0 {
+        return bad("softmax of a 0-dim tensor is not lowered");
+    }
+    Ok((x, d))
+}
+
+/// `exp(x - max)` and its sum along `d`, in the compute type, for both softmaxes.
+fn shifted<'b>(b: &'b KernelBuilder, x: Tensor<'b>, d: usize) -> R<(Tensor<'b>, Tensor<'b>)> {
+    let xf = convert(b, x, acc_type(x.dtype()))?;
+    let m = reduce(b, xf, BinaryOp::Maximum, Scalar::Float(f64::NEG_INFINITY), &[d], true)?;
+    let s = b.binary(BinaryOp::Subtract, xf, b.broadcast_to(m, &xf.shape())?)?;
+    let e = b.unary(UnaryOp::Exp, s)?;
+    let sum = reduce(b, e, BinaryOp::Add, Scalar::Int(0), &[d], true)?;
+    Ok((s, b.broadcast_to(sum, &xf.shape())?))
+}
+
+/// `_softmax`: `exp(x - max) / sum(exp(x - max))`.
+pub(super) fn softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, d) = softmax_input(cx)?;
+    let b = cx.b;
+    let (s, sum) = shifted(b, x, d as usize)?;
+    let r = b.binary(BinaryOp::Divide, b.unary(UnaryOp::Exp, s)?, sum)?;
+    one(convert(b, r, x.dtype())?)
+}
+
+/// `_log_softmax`: `x - max - log(sum(exp(x - max)))`.
+pub(super) fn log_softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, d) = softmax_input(cx)?;
+    let b = cx.b;
+    let (s, sum) = shifted(b, x, d as usize)?;
+    let r = b.binary(BinaryOp::Subtract, s, b.unary(UnaryOp::Log, sum)?)?;
+    one(convert(b, r, x.dtype())?)
+}
+
+/// `(grad_output, output, dim, input_dtype)`, upcast for the arithmetic.
+fn softmax_grad_args<'b>(cx: &Cx<'_, 'b>) -> R<(Tensor<'b>, Tensor<'b>, usize, DType)> {
+    let (g, y) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "output")?);
+    let d = axis(cx.int(2, "dim")?, y.rank())?;
+    let Some(dt) = cx.opt_dtype(3, "input_dtype")? else {
+        return bad("argument `input_dtype` is missing");
+    };
+    let acc = acc_type(y.dtype());
+    Ok((convert(cx.b, g, acc)?, convert(cx.b, y, acc)?, d, dt))
+}
+
+/// `y * (g - sum(g * y))`.
+pub(super) fn softmax_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (g, y, d, dt) = softmax_grad_args(cx)?;
+    let gy = b.binary(BinaryOp::Multiply, g, y)?;
+    let s = reduce(b, gy, BinaryOp::Add, Scalar::Int(0), &[d], true)?;
+    let s = b.broadcast_to(s, &y.shape())?;
+    let inner = b.binary(BinaryOp::Subtract, g, s)?;
+    one(convert(b, b.binary(BinaryOp::Multiply, y, inner)?, dt)?)
+}
+
+/// `g - exp(y) * sum(g)`.
+pub(super) fn log_softmax_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (g, y, d, dt) = softmax_grad_args(cx)?;
+    let s = reduce(b, g, BinaryOp::Add, Scalar::Int(0), &[d], true)?;
+    let s = b.broadcast_to(s, &y.shape())?;
+    let e = b.unary(UnaryOp::Exp, y)?;
+    let r = b.binary(BinaryOp::Subtract, g, b.binary(BinaryOp::Multiply, e, s)?)?;
+    one(convert(b, r, dt)?)
+}
+
+// ----- nll loss -----
+
+/// The parts both nll_loss ops share: the one-hot of the target over classes (`[N, C]`) and
+/// each sample's weight, zero where the target is `ignore_index` (`[N]`).
+struct Nll<'b> {
+    hit: Tensor<'b>,
+    weight: Tensor<'b>,
+    batched: bool,
+}
+
+fn nll_parts<'b>(
+    cx: &Cx<'_, 'b>,
+    x: Tensor<'b>,
+    target: Tensor<'b>,
+    weight: Option<Tensor<'b>>,
+    ignore_index: i64,
+) -> R<Nll<'b>> {
+    let b = cx.b;
+    index_tensor(target, "target")?;
+    let batched = match (x.rank(), target.rank()) {
+        (2, 1) => true,
+        (1, 0) => false,
+        _ => return bad(format!("nll_loss takes self [N, C] with target [N] (or [C] with []), got {} and {}", x.ty(), target.ty())),
+    };
+    let classes = *dims_of(x)?.last().unwrap_or(&0);
+    let target = if batched { target } else { b.reshape(target, Shape::of(&[1]))? };
+    let n = dims_of(target)?[0];
+    let hit = one_hot(b, target, classes)?;
+    let dt = x.dtype();
+    let w = match weight {
+        Some(w) => {
+            let w = convert(b, w, dt)?;
+            let wide = b.broadcast_in_dim(w, TensorType::new(dt, Shape::of(&[n, classes])), &[1])?;
+            pick_last(b, hit, wide)?
+        }
+        None => splat(b, TensorType::new(dt, Shape::of(&[n])), Scalar::Int(1))?,
+    };
+    let ig = scalar_const(b, target.dtype(), Scalar::Int(ignore_index))?;
+    let keep = b.compare(Direction::Ne, target, ig)?;
+    let zero = splat(b, w.ty(), Scalar::Int(0))?;
+    let weight = b.select(keep, w, zero)?;
+    Ok(Nll { hit, weight, batched })
+}
+
+fn reduction(cx: &Cx<'_, '_>, i: usize) -> R<i64> {
+    match cx.int_or(i, "reduction", 1)? {
+        r @ 0..=2 => Ok(r),
+        r => bad(format!("reduction {r} is not 0 (none), 1 (mean) or 2 (sum)")),
+    }
+}
+
+/// `nll_loss_forward(self, target, weight, reduction, ignore_index) -> (output, total_weight)`.
+pub(super) fn nll_loss_forward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (x, target) = (cx.tensor(0, "self")?, cx.tensor(1, "target")?);
+    let weight = cx.opt_tensor(2, "weight")?;
+    let red = reduction(cx, 3)?;
+    let ignore = cx.int_or(4, "ignore_index", -100)?;
+    let parts = nll_parts(cx, x, target, weight, ignore)?;
+    let rows = if parts.batched { x } else { b.reshape(x, Shape::of(&[1, dims_of(x)?[0]]))? };
+    let picked = pick_last(b, parts.hit, rows)?;
+    let loss = b.unary(UnaryOp::Negate, b.binary(BinaryOp::Multiply, picked, parts.weight)?)?;
+    let total = reduce(b, parts.weight, BinaryOp::Add, Scalar::Int(0), &[0], false)?;
+    let out = match red {
+        0 if parts.batched => loss,
+        0 => b.reshape(loss, Shape::scalar())?,
+        1 => {
+            let s = reduce(b, loss, BinaryOp::Add, Scalar::Int(0), &[0], false)?;
+            b.binary(BinaryOp::Divide, s, total)?
+        }
+        _ => reduce(b, loss, BinaryOp::Add, Scalar::Int(0), &[0], false)?,
+    };
+    Ok(vec![out, total])
+}
+
+/// `nll_loss_backward(grad_output, self, target, weight, reduction, ignore_index, total_weight)`.
+pub(super) fn nll_loss_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let g = cx.tensor(0, "grad_output")?;
+    let (x, target) = (cx.tensor(1, "self")?, cx.tensor(2, "target")?);
+    let weight = cx.opt_tensor(3, "weight")?;
+    let red = reduction(cx, 4)?;
+    let ignore = cx.int_or(5, "ignore_index", -100)?;
+    let total = cx.tensor(6, "total_weight")?;
+    let parts = nll_parts(cx, x, target, weight, ignore)?;
+    let dt = x.dtype();
+    let g = convert(b, g, dt)?;
+    let n = dims_of(parts.weight)?[0];
+    let per = match red {
+        0 => b.reshape(g, Shape::of(&[n]))?,
+        1 => {
+            let s = b.binary(BinaryOp::Divide, g, convert(b, total, dt)?)?;
+            b.broadcast_to(b.reshape(s, Shape::scalar())?, &Shape::of(&[n]))?
+        }
+        _ => b.broadcast_to(b.reshape(g, Shape::scalar())?, &Shape::of(&[n]))?,
+    };
+    let scale = b.unary(UnaryOp::Negate, b.binary(BinaryOp::Multiply, per, parts.weight)?)?;
+    let wide = b.broadcast_in_dim(scale, parts.hit.ty().with_dtype(dt), &[0])?;
+    let zero = splat(b, wide.ty(), Scalar::Int(0))?;
+    let grad = b.select(parts.hit, wide, zero)?;
+    one(if parts.batched { grad } else { b.reshape(grad, x.shape())? })
+}
+
+// ----- attention -----
+
+/// The arguments of the CPU flash attention ops, upcast for the arithmetic.
+struct Attention<'b> {
+    q: Tensor<'b>,
+    k: Tensor<'b>,
+    v: Tensor<'b>,
+    /// Leading (batch, head) dimensions.
+    n: usize,
+    scale: f64,
+    dtype: DType,
+}
+
+fn attention_args<'b>(
+    cx: &Cx<'_, 'b>,
+    q: Tensor<'b>,
+    k: Tensor<'b>,
+    v: Tensor<'b>,
+    dropout_at: usize,
+) -> R<Attention<'b>> {
+    let dropout = cx.opt_float(dropout_at, "dropout_p")?.unwrap_or(0.0);
+    if dropout != 0.0 {
+        return bad(format!("dropout_p = {dropout} is not lowered (only 0)"));
+    }
+    let (qs, ks, vs) = (dims_of(q)?, dims_of(k)?, dims_of(v)?);
+    let r = qs.len();
+    if r < 2 || ks.len() != r || vs.len() != r {
+        return bad(format!("query, key, value must share a rank >= 2: {}, {}, {}", q.ty(), k.ty(), v.ty()));
+    }
+    let n = r - 2;
+    if qs[..n] != ks[..n] || ks[..n] != vs[..n] || qs[r - 1] != ks[r - 1] || ks[r - 2] != vs[r - 2] {
+        return bad(format!(
+            "query {}, key {}, value {} do not fit together (no broadcasting or grouped heads)",
+            q.ty(),
+            k.ty(),
+            v.ty()
+        ));
+    }
+    let dtype = q.dtype();
+    if !dtype.is_float() || k.dtype() != dtype || v.dtype() != dtype {
+        return bad("query, key and value must share one float type");
+    }
+    let scale = cx
+        .opt_float(usize::MAX, "scale")?
+        .unwrap_or(1.0 / (qs[r - 1] as f64).sqrt());
+    let acc = acc_type(dtype);
+    let b = cx.b;
+    Ok(Attention {
+        q: convert(b, q, acc)?,
+        k: convert(b, k, acc)?,
+        v: convert(b, v, acc)?,
+        n,
+        scale,
+        dtype,
+    })
+}
+
+/// The scaled, masked scores `q kᵀ · scale` (`[.., L, S]`).
+fn scores<'b>(cx: &Cx<'_, 'b>, a: &Attention<'b>, is_causal: bool) -> R<Tensor<'b>> {
+    let b = cx.b;
+    let n = a.n;
+    let s = dot(b, a.q, a.k, batched(n, n + 1, n + 1), None)?;
+    let s = b.binary(BinaryOp::Multiply, s, scalar_const(b, s.dtype(), Scalar::Float(a.scale))?)?;
+    let neg_inf = splat(b, s.ty(), Scalar::Float(f64::NEG_INFINITY))?;
+    let mut s = s;
+    if is_causal {
+        let it = s.ty().with_dtype(DType::I32);
+        let (row, col) = (b.iota(it.clone(), n as i64)?, b.iota(it, n as i64 + 1)?);
+        let allowed = b.compare(Direction::Ge, row, col)?;
+        s = b.select(allowed, s, neg_inf)?;
+    }
+    if let Some(mask) = cx.opt_tensor(usize::MAX, "attn_mask")? {
+        if mask.dtype() == DType::Bool {
+            let v = broadcast_all(b, &[mask, s])?;
+            if v[1].shape() != s.shape() {
+                return bad(format!("attn_mask {} does not broadcast to the scores {}", mask.ty(), s.ty()));
+            }
+            s = b.select(v[0], s, neg_inf)?;
+        } else {
+            let m = convert(b, mask, s.dtype())?;
+            let v = broadcast_all(b, &[s, m])?;
+            if v[0].shape() != s.shape() {
+                return bad(format!("attn_mask {} does not broadcast to the scores {}", mask.ty(), s.ty()));
+            }
+            s = b.binary(BinaryOp::Add, v[0], v[1])?;
+        }
+    }
+    Ok(s)
+}
+
+/// `_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p=0, is_causal=False, *,
+/// attn_mask=None, scale=None) -> (out, logsumexp)`, as math.
+pub(super) fn sdpa_flash_cpu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (q, k, v) = (cx.tensor(0, "query")?, cx.tensor(1, "key")?, cx.tensor(2, "value")?);
+    let a = attention_args(cx, q, k, v, 3)?;
+    let is_causal = cx.bool_or(4, "is_causal", false)?;
+    let s = scores(cx, &a, is_causal)?;
+    let last = s.rank() - 1;
+    let m = reduce(b, s, BinaryOp::Maximum, Scalar::Float(f64::NEG_INFINITY), &[last], true)?;
+    // A fully masked row has max -inf: shift it by 0 instead (its weights are all 0).
+    let ninf = splat(b, m.ty(), Scalar::Float(f64::NEG_INFINITY))?;
+    let zero = splat(b, m.ty(), Scalar::Int(0))?;
+    let m = b.select(b.compare(Direction::Eq, m, ninf)?, zero, m)?;
+    let p = b.unary(UnaryOp::Exp, b.binary(BinaryOp::Subtract, s, b.broadcast_to(m, &s.shape())?)?)?;
+    let l = reduce(b, p, BinaryOp::Add, Scalar::Int(0), &[last], true)?;
+    let n = a.n;
+    let pv = dot(b, p, a.v, batched(n, n + 1, n), None)?;
+    let out = b.binary(BinaryOp::Divide, pv, b.broadcast_to(l, &pv.shape())?)?;
+    let lse = b.binary(BinaryOp::Add, m, b.unary(UnaryOp::Log, l)?)?;
+    let mut lse_dims = dims_of(lse)?;
+    lse_dims.pop();
+    let lse = b.reshape(lse, Shape::of(&lse_dims))?;
+    Ok(vec![convert(b, out, a.dtype)?, lse])
+}
+
+/// `_scaled_dot_product_flash_attention_for_cpu_backward(grad_out, q, k, v, out, logsumexp,
+/// dropout_p, is_causal, *, attn_mask=None, scale=None) -> (grad_q, grad_k, grad_v)`: the math
+/// gradient with the probabilities rebuilt from the logsumexp.
+pub(super) fn sdpa_flash_cpu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let g = cx.tensor(0, "grad_out")?;
+    let (q, k, v) = (cx.tensor(1, "query")?, cx.tensor(2, "key")?, cx.tensor(3, "value")?);
+    let (out, lse) = (cx.tensor(4, "out")?, cx.tensor(5, "logsumexp")?);
+    let a = attention_args(cx, q, k, v, 6)?;
+    let is_causal = cx.bool_or(7, "is_causal", false)?;
+    let acc = acc_type(a.dtype);
+    let (g, out, lse) = (convert(b, g, acc)?, convert(b, out, acc)?, convert(b, lse, acc)?);
+    let s = scores(cx, &a, is_causal)?;
+    let n = a.n;
+    let mut lse_dims = dims_of(lse)?;
+    lse_dims.push(1);
+    let lse = b.reshape(lse, Shape::of(&lse_dims))?;
+    let p = b.unary(UnaryOp::Exp, b.binary(BinaryOp::Subtract, s, b.broadcast_to(lse, &s.shape())?)?)?;
+    let dv = dot(b, p, g, batched(n, n, n), None)?;
+    let dp = dot(b, g, a.v, batched(n, n + 1, n + 1), None)?;
+    let go = b.binary(BinaryOp::Multiply, g, out)?;
+    let last = go.rank() - 1;
+    let dsum = reduce(b, go, BinaryOp::Add, Scalar::Int(0), &[last], true)?;
+    let ds = b.binary(
+        BinaryOp::Multiply,
+        p,
+        b.binary(BinaryOp::Subtract, dp, b.broadcast_to(dsum, &dp.shape())?)?,
+    )?;
+    let scale = scalar_const(b, acc, Scalar::Float(a.scale))?;
+    let dq = b.binary(BinaryOp::Multiply, dot(b, ds, a.k, batched(n, n + 1, n), None)?, scale)?;
+    let dk = b.binary(BinaryOp::Multiply, dot(b, ds, a.q, batched(n, n, n), None)?, scale)?;
+    Ok(vec![convert(b, dq, a.dtype)?, convert(b, dk, a.dtype)?, convert(b, dv, a.dtype)?])
+}

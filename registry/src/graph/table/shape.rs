@@ -1,0 +1,252 @@
+//! Views, layout and shape ops. Values have no strides here: every view is a new value.
+
+use tpu_kernels::{Shape, Tensor, TensorType};
+
+use super::{Cx, Operand, R, axis, bad, convert, dims_of, one, result_type};
+
+type Out<'b> = R<Vec<Tensor<'b>>>;
+
+/// `size` with one `-1` inferred from the element count `n`.
+fn infer_size(size: &[i64], n: u64, from: &TensorType) -> R<Vec<u64>> {
+    let known: i64 = size.iter().filter(|&&d| d != -1).product();
+    let holes = size.iter().filter(|&&d| d == -1).count();
+    if holes > 1 || size.iter().any(|&d| d < -1) {
+        return bad(format!("bad view size {size:?}"));
+    }
+    let out: Vec<u64> = if holes == 1 {
+        if known == 0 || n % known as u64 != 0 {
+            return bad(format!("view size {size:?} does not fit {from}"));
+        }
+        size.iter().map(|&d| if d == -1 { n / known as u64 } else { d as u64 }).collect()
+    } else {
+        size.iter().map(|&d| d as u64).collect()
+    };
+    if out.iter().product::<u64>() != n {
+        return bad(format!("view size {size:?} does not fit {from}"));
+    }
+    Ok(out)
+}
+
+/// `view`, `_unsafe_view`, `reshape`.
+pub(super) fn view<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let size = cx.ints(1, "size")?;
+    let n = dims_of(x)?.iter().product();
+    let dims = infer_size(&size, n, &x.ty())?;
+    one(cx.b.reshape(x, Shape::of(&dims))?)
+}
+
+/// `expand(self, size)`: `-1` keeps a dimension; new dimensions lead.
+pub(super) fn expand<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let size = cx.ints(1, "size")?;
+    let have = dims_of(x)?;
+    if size.len() < have.len() {
+        return bad(format!("cannot expand {} to {size:?}: fewer dimensions", x.ty()));
+    }
+    let lead = size.len() - have.len();
+    let mut out = Vec::with_capacity(size.len());
+    for (i, &s) in size.iter().enumerate() {
+        let d = if s == -1 {
+            if i < lead {
+                return bad(format!("-1 in a new leading dimension of {size:?}"));
+            }
+            have[i - lead]
+        } else if s < 0 {
+            return bad(format!("bad expand size {size:?}"));
+        } else {
+            s as u64
+        };
+        out.push(d);
+    }
+    let dims: Vec<i64> = (lead..size.len()).map(|d| d as i64).collect();
+    one(cx.b.broadcast_in_dim(x, TensorType::new(x.dtype(), Shape::of(&out)), &dims)?)
+}
+
+fn perm<'b>(cx: &Cx<'_, 'b>, x: Tensor<'b>, perm: &[usize]) -> R<Tensor<'b>> {
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return Ok(x);
+    }
+    let p: Vec<i64> = perm.iter().map(|&p| p as i64).collect();
+    Ok(cx.b.transpose(x, &p)?)
+}
+
+pub(super) fn permute<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dims = cx.ints(1, "dims")?;
+    if dims.len() != x.rank() {
+        return bad(format!("permutation {dims:?} does not fit {}", x.ty()));
+    }
+    let p = dims.iter().map(|&d| axis(d, x.rank())).collect::<R<Vec<_>>>()?;
+    one(perm(cx, x, &p)?)
+}
+
+pub(super) fn transpose<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    if x.rank() < 2 {
+        return one(x);
+    }
+    let (a, c) = (axis(cx.int(1, "dim0")?, x.rank())?, axis(cx.int(2, "dim1")?, x.rank())?);
+    let mut p: Vec<usize> = (0..x.rank()).collect();
+    p.swap(a, c);
+    one(perm(cx, x, &p)?)
+}
+
+pub(super) fn t<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    match x.rank() {
+        0 | 1 => one(x),
+        2 => one(perm(cx, x, &[1, 0])?),
+        r => bad(format!("t() expects a tensor of rank <= 2, got rank {r}")),
+    }
+}
+
+pub(super) fn unsqueeze<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank() + 1)?;
+    let mut dims = dims_of(x)?;
+    dims.insert(d, 1);
+    one(cx.b.reshape(x, Shape::of(&dims))?)
+}
+
+/// `squeeze()`, `squeeze(dim)`, `squeeze(dims)`: drops the named size-1 dimensions.
+pub(super) fn squeeze<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let have = dims_of(x)?;
+    let which: Vec<usize> = match cx.opt_ints(1, "dim")? {
+        None => (0..x.rank()).collect(),
+        Some(ds) => ds.iter().map(|&d| axis(d, x.rank())).collect::<R<_>>()?,
+    };
+    let dims: Vec<u64> = have
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| !(which.contains(i) && **d == 1))
+        .map(|(_, d)| *d)
+        .collect();
+    if dims == have {
+        return one(x);
+    }
+    one(cx.b.reshape(x, Shape::of(&dims))?)
+}
+
+/// Python slice bounds clamped into `0..=size`.
+fn clamp_index(i: i64, size: i64) -> i64 {
+    let i = if i < 0 { i + size } else { i };
+    i.clamp(0, size)
+}
+
+/// `slice(self, dim=0, start=None, end=None, step=1)`.
+pub(super) fn slice<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int_or(1, "dim", 0)?, x.rank())?;
+    let have = dims_of(x)?;
+    let size = have[d] as i64;
+    let start = clamp_index(cx.opt_int(2, "start")?.unwrap_or(0), size);
+    let end = clamp_index(cx.opt_int(3, "end")?.unwrap_or(size), size).max(start);
+    let step = cx.int_or(4, "step", 1)?;
+    if step < 1 {
+        return bad(format!("slice step {step} must be positive"));
+    }
+    if (start, end, step) == (0, size, 1) {
+        return one(x);
+    }
+    let mut lo = vec![0i64; x.rank()];
+    let mut hi: Vec<i64> = have.iter().map(|&s| s as i64).collect();
+    let mut st = vec![1i64; x.rank()];
+    (lo[d], hi[d], st[d]) = (start, end, step);
+    one(cx.b.slice(x, &lo, &hi, &st)?)
+}
+
+/// `select(self, dim, index)`: one slice, the dimension dropped.
+pub(super) fn select<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let have = dims_of(x)?;
+    let size = have[d] as i64;
+    let index = cx.int(2, "index")?;
+    let i = if index < 0 { index + size } else { index };
+    if i < 0 || i >= size {
+        return bad(format!("index {index} out of range for dimension {d} of {}", x.ty()));
+    }
+    let mut lo = vec![0i64; x.rank()];
+    let mut hi: Vec<i64> = have.iter().map(|&s| s as i64).collect();
+    (lo[d], hi[d]) = (i, i + 1);
+    let s = cx.b.slice(x, &lo, &hi, &vec![1; x.rank()])?;
+    let mut out = have;
+    out.remove(d);
+    one(cx.b.reshape(s, Shape::of(&out))?)
+}
+
+/// `cat(tensors, dim=0)`, promoting to the common type; legacy empty 1-D tensors are skipped.
+pub(super) fn cat<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let list = cx.tensor_list(0, "tensors")?;
+    let mut ts = Vec::with_capacity(list.len());
+    for t in list {
+        match t {
+            Some(t) => ts.push(t),
+            None => return bad("cat takes no `None` entries"),
+        }
+    }
+    let operands: Vec<Operand<'b>> = ts.iter().map(|t| Operand::T(*t)).collect();
+    let dt = result_type(&operands);
+    let kept: Vec<Tensor<'b>> =
+        ts.into_iter().filter(|t| !(t.rank() == 1 && dims_of(*t).is_ok_and(|d| d[0] == 0))).collect();
+    let Some(first) = kept.first() else {
+        return bad("cat of nothing but empty tensors");
+    };
+    let d = axis(cx.int_or(1, "dim", 0)?, first.rank())?;
+    let kept = kept.iter().map(|t| convert(cx.b, *t, dt)).collect::<R<Vec<_>>>()?;
+    if kept.len() == 1 {
+        return one(kept[0]);
+    }
+    one(cx.b.concatenate(&kept, d as i64)?)
+}
+
+fn split_into<'b>(cx: &Cx<'_, 'b>, x: Tensor<'b>, sizes: &[u64], d: usize) -> Out<'b> {
+    let have = dims_of(x)?;
+    if sizes.iter().sum::<u64>() != have[d] {
+        return bad(format!("split sizes {sizes:?} do not add up to dimension {d} of {}", x.ty()));
+    }
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut at = 0i64;
+    for &s in sizes {
+        let mut lo = vec![0i64; x.rank()];
+        let mut hi: Vec<i64> = have.iter().map(|&s| s as i64).collect();
+        (lo[d], hi[d]) = (at, at + s as i64);
+        out.push(if sizes.len() == 1 {
+            x
+        } else {
+            cx.b.slice(x, &lo, &hi, &vec![1; x.rank()])?
+        });
+        at += s as i64;
+    }
+    Ok(out)
+}
+
+/// `split(self, split_size, dim=0)`: chunks of `split_size`, the last one shorter.
+pub(super) fn split<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int_or(2, "dim", 0)?, x.rank())?;
+    let size = dims_of(x)?[d];
+    let chunk = cx.int(1, "split_size")?;
+    if chunk <= 0 {
+        return bad(format!("split_size {chunk} must be positive"));
+    }
+    let chunk = chunk as u64;
+    let mut sizes = vec![chunk; (size / chunk) as usize];
+    if size % chunk != 0 || size == 0 {
+        sizes.push(size % chunk);
+    }
+    split_into(cx, x, &sizes, d)
+}
+
+pub(super) fn split_with_sizes<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int_or(2, "dim", 0)?, x.rank())?;
+    let sizes = cx.ints(1, "split_sizes")?;
+    if sizes.iter().any(|&s| s < 0) {
+        return bad(format!("negative split size in {sizes:?}"));
+    }
+    let sizes: Vec<u64> = sizes.iter().map(|&s| s as u64).collect();
+    split_into(cx, x, &sizes, d)
+}
