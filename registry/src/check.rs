@@ -19,7 +19,8 @@ pub fn random_bytes(ty: &TensorType, seed: u64) -> Result<Vec<u8>, String> {
     let n = ty.shape.num_elements().ok_or_else(|| format!("{ty} has no static size"))? as usize;
     let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
     let mut next = || {
-        state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        state =
+            state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (state >> 11) as f64 / (1u64 << 53) as f64
     };
     let mut out = Vec::with_capacity(n * ty.dtype.byte_size());
@@ -56,7 +57,9 @@ pub fn buffer_as_f64(buffer: &Buffer) -> Result<Vec<f64>, String> {
                 .chunks_exact(size)
                 .map(|c| match dtype {
                     DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                    DType::F64 => f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]),
+                    DType::F64 => {
+                        f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
+                    }
                     DType::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
                     DType::F16 => half::f16::from_le_bytes([c[0], c[1]]).to_f64(),
                     DType::I8 => f64::from(c[0] as i8),
@@ -64,7 +67,9 @@ pub fn buffer_as_f64(buffer: &Buffer) -> Result<Vec<f64>, String> {
                     DType::I16 => f64::from(i16::from_le_bytes([c[0], c[1]])),
                     DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
                     DType::U32 => f64::from(u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-                    _ => i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64,
+                    _ => {
+                        i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f64
+                    }
                 })
                 .collect()
         })
@@ -188,8 +193,13 @@ pub fn parse_back(text: &str, sig: &KernelSignature) -> Result<usize, String> {
     let args: Vec<&TensorType> = main.args.iter().map(|a| &a.ty).collect();
     let want: Vec<&TensorType> = sig.inputs.iter().collect();
     if args != want {
-        let show = |v: &[&TensorType]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
-        return Err(format!("@main takes ({}) but the signature is ({})", show(&args), show(&want)));
+        let show =
+            |v: &[&TensorType]| v.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+        return Err(format!(
+            "@main takes ({}) but the signature is ({})",
+            show(&args),
+            show(&want)
+        ));
     }
     Ok(main.results.len())
 }

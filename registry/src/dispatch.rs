@@ -272,7 +272,10 @@ impl Dispatcher {
         let mut buffers = Vec::with_capacity(inputs.len());
         for (i, t) in inputs.iter().enumerate() {
             let ty = element_type(t.ty.dtype).ok_or_else(|| {
-                FallbackReason::BadInput(format!("input {i}: {} has no PJRT buffer type", t.ty.dtype))
+                FallbackReason::BadInput(format!(
+                    "input {i}: {} has no PJRT buffer type",
+                    t.ty.dtype
+                ))
             })?;
             let dims: Vec<i64> = t
                 .ty
@@ -319,10 +322,14 @@ impl Dispatcher {
     ) -> Result<Prepared, (Option<String>, FallbackReason)> {
         let sig = KernelSignature { inputs: key.inputs.clone(), statics: statics.to_vec() };
         let meta = CallMeta { sig: &sig, contiguous: &key.contiguous, platform: self.platform };
-        let kernel =
-            self.registry.select(&key.op, &meta).map_err(|e| (None, FallbackReason::NoKernel(e)))?;
+        let kernel = self
+            .registry
+            .select(&key.op, &meta)
+            .map_err(|e| (None, FallbackReason::NoKernel(e)))?;
         let name = Some(kernel.name().to_owned());
-        let sig = kernel.complete_statics(sig).map_err(|m| (name.clone(), FallbackReason::BadInput(m)))?;
+        let sig = kernel
+            .complete_statics(sig)
+            .map_err(|m| (name.clone(), FallbackReason::BadInput(m)))?;
         let text = kernel.module_text(&sig, self.platform).map_err(|e| {
             let reason = match e {
                 crate::RegistryError::Build(b) => FallbackReason::Build(b),
@@ -358,7 +365,11 @@ impl Dispatcher {
             *s.fallbacks.entry(fallback.reason.category()).or_default() += 1;
             s.last_fallback = Some(message);
         });
-        if self.strict { DispatchError::Strict(fallback) } else { DispatchError::Fallback(fallback) }
+        if self.strict {
+            DispatchError::Strict(fallback)
+        } else {
+            DispatchError::Fallback(fallback)
+        }
     }
 
     fn count(&self, op: &str, f: impl FnOnce(&mut OpStats)) {

@@ -40,7 +40,9 @@ pub fn validate_op(op: &str) -> Result<(), String> {
     };
     let (name, overload) = rest.split_once('.').unwrap_or((rest, "default"));
     if !ident(ns) || !ident(name) || !ident(overload) {
-        return Err(format!("op `{op}` must be `namespace::name[.overload]` with identifier parts"));
+        return Err(format!(
+            "op `{op}` must be `namespace::name[.overload]` with identifier parts"
+        ));
     }
     Ok(())
 }
@@ -127,8 +129,9 @@ impl Kernel {
                     let Some(default) = p.default else {
                         return Err(format!("kernel `{}` needs static `{}`", self.name(), p.name));
                     };
-                    let value = StaticValue::parse(p.kind, default)
-                        .map_err(|e| format!("kernel `{}`, static `{}`: {e}", self.name(), p.name))?;
+                    let value = StaticValue::parse(p.kind, default).map_err(|e| {
+                        format!("kernel `{}`, static `{}`: {e}", self.name(), p.name)
+                    })?;
                     statics.push((p.name, value));
                 }
             }
@@ -141,7 +144,11 @@ impl Kernel {
     }
 
     /// Builds (or, for imported kernels, returns) the module text for `call`'s platform.
-    pub fn module_text(&self, sig: &KernelSignature, platform: Platform) -> Result<ModuleText, RegistryError> {
+    pub fn module_text(
+        &self,
+        sig: &KernelSignature,
+        platform: Platform,
+    ) -> Result<ModuleText, RegistryError> {
         match &self.source {
             KernelSource::Built => {
                 let module = self.record.emit(sig).map_err(RegistryError::Build)?;
@@ -234,7 +241,11 @@ impl fmt::Display for NoKernel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             NoKernel::UnknownOp { op, known } => {
-                write!(f, "no kernel registered for `{op}` (ops with kernels: {})", known.join(", "))
+                write!(
+                    f,
+                    "no kernel registered for `{op}` (ops with kernels: {})",
+                    known.join(", ")
+                )
             }
             NoKernel::NoMatch { op, reasons } => {
                 write!(f, "no kernel for `{op}` accepts the call:")?;
@@ -281,8 +292,10 @@ impl Index {
 
     /// The index of every kernel linked into the binary.
     pub fn from_inventory() -> Result<Index, RegistryError> {
-        let kernels =
-            tpu_kernels::registered().into_iter().map(|r| Arc::new(Kernel::from_static(r))).collect();
+        let kernels = tpu_kernels::registered()
+            .into_iter()
+            .map(|r| Arc::new(Kernel::from_static(r)))
+            .collect();
         Index::build(kernels)
     }
 
@@ -334,7 +347,8 @@ impl Index {
 }
 
 fn validate_kernel(k: &Kernel) -> Result<(), RegistryError> {
-    let invalid = |message: String| RegistryError::InvalidKernel { name: k.name().to_owned(), message };
+    let invalid =
+        |message: String| RegistryError::InvalidKernel { name: k.name().to_owned(), message };
     if k.ops.is_empty() {
         return Err(invalid("binds no op".to_owned()));
     }
@@ -348,7 +362,9 @@ fn validate_kernel(k: &Kernel) -> Result<(), RegistryError> {
         return Err(invalid("runs on no platform".to_owned()));
     }
     for sig in k.record.canonical {
-        k.record.parse_signature(sig).map_err(|e| invalid(format!("canonical signature `{sig}`: {e}")))?;
+        k.record
+            .parse_signature(sig)
+            .map_err(|e| invalid(format!("canonical signature `{sig}`: {e}")))?;
     }
     Ok(())
 }

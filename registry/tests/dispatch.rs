@@ -67,7 +67,8 @@ fn elementwise_kernels_match_f64_references() {
         .iter()
         .map(|&v| {
             let v = f64::from(v);
-            0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
+            0.5 * v
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
         })
         .collect();
     assert!(max_err(&got[0], &want) < 1e-5, "gelu_tanh error {}", max_err(&got[0], &want));

@@ -44,7 +44,13 @@ const BASE: KernelRegistration = KernelRegistration::new("base", never_built)
 fn every_standard_kernel_is_linked_and_indexed() {
     let index = Index::from_inventory().expect("standard kernels index without ambiguity");
     for name in [
-        "gelu", "gelu_tanh", "silu", "rms_norm", "layer_norm", "softmax", "log_softmax",
+        "gelu",
+        "gelu_tanh",
+        "silu",
+        "rms_norm",
+        "layer_norm",
+        "softmax",
+        "log_softmax",
         "matmul_bias_act",
     ] {
         assert!(index.kernel(name).is_some(), "standard kernel `{name}` not registered");
@@ -58,7 +64,10 @@ fn static_values_pick_between_gelu_variants() {
     let ones = [true];
     let tanh = sig(&["f32[4,8]"], &[("approximate", StaticValue::Str("tanh".into()))]);
     let none = sig(&["f32[4,8]"], &[("approximate", StaticValue::Str("none".into()))]);
-    assert_eq!(index.select("aten::gelu.default", &call(&tanh, &ones)).unwrap().name(), "gelu_tanh");
+    assert_eq!(
+        index.select("aten::gelu.default", &call(&tanh, &ones)).unwrap().name(),
+        "gelu_tanh"
+    );
     assert_eq!(index.select("aten::gelu.default", &call(&none, &ones)).unwrap().name(), "gelu");
 }
 
@@ -125,13 +134,19 @@ fn disjoint_guards_are_not_ambiguous() {
     let a = kernel(KernelRegistration {
         name: "mode_a",
         statics,
-        guards: &[Guard::StaticEq { name: "mode", value: "a" }, Guard::Rank { input: 0, min: 1, max: 2 }],
+        guards: &[
+            Guard::StaticEq { name: "mode", value: "a" },
+            Guard::Rank { input: 0, min: 1, max: 2 },
+        ],
         ..BASE
     });
     let b = kernel(KernelRegistration {
         name: "mode_b",
         statics,
-        guards: &[Guard::StaticEq { name: "mode", value: "b" }, Guard::Rank { input: 0, min: 1, max: 2 }],
+        guards: &[
+            Guard::StaticEq { name: "mode", value: "b" },
+            Guard::Rank { input: 0, min: 1, max: 2 },
+        ],
         ..BASE
     });
     let c = kernel(KernelRegistration { name: "f16_only", dtypes: &[DType::F16], ..BASE });
@@ -163,14 +178,16 @@ fn invalid_kernels_are_refused_with_their_name() {
 fn runtime_registration_is_atomic_and_removable() {
     let registry = Registry::new().unwrap();
     let before = registry.index().len();
-    let ok = kernel(KernelRegistration { name: "rt_gelu", ops: &["aten::gelu"], priority: 10, ..BASE });
+    let ok =
+        kernel(KernelRegistration { name: "rt_gelu", ops: &["aten::gelu"], priority: 10, ..BASE });
     registry.register(ok).unwrap();
     assert_eq!(registry.index().len(), before + 1);
     let s = sig(&["f32[4]"], &[("approximate", StaticValue::Str("none".into()))]);
     assert_eq!(registry.select("aten::gelu", &call(&s, &[true])).unwrap().name(), "rt_gelu");
 
     // Same priority as rt_gelu on the same op and dtypes: refused, registry unchanged.
-    let clash = kernel(KernelRegistration { name: "rt_clash", ops: &["aten::gelu"], priority: 10, ..BASE });
+    let clash =
+        kernel(KernelRegistration { name: "rt_clash", ops: &["aten::gelu"], priority: 10, ..BASE });
     let err = registry.register(clash).unwrap_err();
     assert!(matches!(err, RegistryError::Ambiguous { .. }), "{err}");
     assert_eq!(registry.index().len(), before + 1);

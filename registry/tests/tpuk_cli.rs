@@ -15,7 +15,11 @@ fn tpuk(args: &[&str]) -> Output {
 
 fn json(out: &Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("not JSON ({e}): {}\nstderr: {}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+        panic!(
+            "not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
     })
 }
 
@@ -24,8 +28,18 @@ fn list_shows_every_standard_kernel() {
     let out = tpuk(&["list", "--json"]);
     assert!(out.status.success());
     let rows = json(&out);
-    let names: Vec<&str> = rows.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    for k in ["gelu", "gelu_tanh", "layer_norm", "log_softmax", "matmul_bias_act", "rms_norm", "silu", "softmax"] {
+    let names: Vec<&str> =
+        rows.as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    for k in [
+        "gelu",
+        "gelu_tanh",
+        "layer_norm",
+        "log_softmax",
+        "matmul_bias_act",
+        "rms_norm",
+        "silu",
+        "softmax",
+    ] {
         assert!(names.contains(&k), "{k} missing from {names:?}");
     }
     let rms = rows.as_array().unwrap().iter().find(|r| r["name"] == "rms_norm").unwrap();
@@ -53,8 +67,14 @@ fn bad_input_is_a_clear_error_with_exit_code_2() {
     let cases: &[(&[&str], &str)] = &[
         (&["emit", "nope", "--sig", "f32[2]"], "no kernel named `nope` (registered: gelu"),
         (&["emit", "silu", "--sig", "f33[2]"], "unknown dtype `f33`"),
-        (&["emit", "silu", "--sig", "i32[2]"], "does not accept `i32[2]`: dtype i32 not in [f32, bf16, f16]"),
-        (&["emit", "rms_norm", "--sig", "f32[4,8], f32[9]"], "input 0 dim -1 (8) != input 1 dim 0 (9)"),
+        (
+            &["emit", "silu", "--sig", "i32[2]"],
+            "does not accept `i32[2]`: dtype i32 not in [f32, bf16, f16]",
+        ),
+        (
+            &["emit", "rms_norm", "--sig", "f32[4,8], f32[9]"],
+            "input 0 dim -1 (8) != input 1 dim 0 (9)",
+        ),
         (&["emit", "rms_norm", "--sig", "f32[4,8], f32[8]; eps=big"], "`big` is not a number"),
         (&["emit", "silu", "--sig", "f32[2]; alpha=1"], "has no static parameter `alpha`"),
     ];
@@ -75,7 +95,8 @@ fn run_times_a_kernel_on_the_cpu_plugin() {
     if cpu_plugin_for_tests().is_none() {
         return;
     }
-    let j = json(&tpuk(&["run", "softmax", "--sig", "f32[8,128]; dim=-1", "--iters", "5", "--json"]));
+    let j =
+        json(&tpuk(&["run", "softmax", "--sig", "f32[8,128]; dim=-1", "--iters", "5", "--json"]));
     let run = &j["run"];
     assert_eq!(run["iterations"], 5);
     assert_eq!(run["non_finite"], 0);
@@ -88,7 +109,15 @@ fn tpu_compile_and_check_cover_every_kernel() {
     if cpu_plugin_for_tests().is_none() || libtpu_for_tests().is_none() {
         return;
     }
-    let j = json(&tpuk(&["tpu-compile", "gelu", "--sig", "bf16[8,128]", "--topology", "v6e:1x1", "--json"]));
+    let j = json(&tpuk(&[
+        "tpu-compile",
+        "gelu",
+        "--sig",
+        "bf16[8,128]",
+        "--topology",
+        "v6e:1x1",
+        "--json",
+    ]));
     assert_eq!(j["tpu"]["topology"], "v6e:1x1", "{j}");
     assert!(j["tpu"]["executable_bytes"].as_u64().unwrap() > 1000);
 

@@ -90,7 +90,9 @@ fn kernel<'i>(index: &'i Index, name: &str) -> Result<&'i Arc<Kernel>> {
 
 fn signature(k: &Kernel, text: &str) -> Result<KernelSignature> {
     let sig = k.record.parse_signature(text).map_err(|e| anyhow!("--sig: {e}"))?;
-    k.record.accepts(&sig).map_err(|e| anyhow!("kernel `{}` does not accept `{text}`: {e}", k.name()))?;
+    k.record
+        .accepts(&sig)
+        .map_err(|e| anyhow!("kernel `{}` does not accept `{text}`: {e}", k.name()))?;
     Ok(sig)
 }
 
@@ -115,7 +117,10 @@ fn run(cli: &Cli) -> Result<bool> {
             let text = k.module_text(&sig, Platform::Cpu)?.text;
             if cli.json {
                 let fingerprint = tpu_kernels::reader::content_fingerprint(&text)?;
-                println!("{}", json!({ "kernel": k.name(), "signature": sig.label(), "fingerprint": fingerprint, "module": &*text }));
+                println!(
+                    "{}",
+                    json!({ "kernel": k.name(), "signature": sig.label(), "fingerprint": fingerprint, "module": &*text })
+                );
             } else {
                 print!("{text}");
             }
@@ -129,7 +134,10 @@ fn run(cli: &Cli) -> Result<bool> {
             let report = check::run_kernel(&client, &cache, k, &sig, Platform::Cpu, *iters)
                 .map_err(|e| anyhow!("kernel `{}`: {e}", k.name()))?;
             if cli.json {
-                println!("{}", json!({ "kernel": k.name(), "signature": sig.label(), "run": report, "reference": null }));
+                println!(
+                    "{}",
+                    json!({ "kernel": k.name(), "signature": sig.label(), "run": report, "reference": null })
+                );
             } else {
                 println!(
                     "{} @ {}: median {:.1} us (min {:.1}, max {:.1}) over {} runs; {} in {:.1} ms; outputs {}; non-finite {}; no reference registered",
@@ -155,7 +163,10 @@ fn run(cli: &Cli) -> Result<bool> {
             let report = check::tpu_compile(&topology, k, &sig)
                 .map_err(|e| anyhow!("kernel `{}` for {topo}: {e}", k.name()))?;
             if cli.json {
-                println!("{}", json!({ "kernel": k.name(), "signature": sig.label(), "tpu": report }));
+                println!(
+                    "{}",
+                    json!({ "kernel": k.name(), "signature": sig.label(), "tpu": report })
+                );
             } else {
                 println!(
                     "{} @ {}: compiled for {} in {:.1} ms, executable {} bytes",
@@ -194,7 +205,9 @@ fn list(as_json: bool) -> Result<bool> {
             .collect();
         let variants: Vec<&str> = match &k.source {
             KernelSource::Built => vec!["built"],
-            KernelSource::Imported { variants, .. } => variants.iter().map(|(p, _)| p.name()).collect(),
+            KernelSource::Imported { variants, .. } => {
+                variants.iter().map(|(p, _)| p.name()).collect()
+            }
         };
         rows.push(json!({
             "name": k.name(),
@@ -262,7 +275,8 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
     let topology = if no_tpu { None } else { Some(topology(topo)?) };
     let mut cases = Vec::new();
     for k in index.kernels() {
-        let sigs = k.record.canonical_signatures().map_err(|e| anyhow!("kernel `{}`: {e}", k.name()))?;
+        let sigs =
+            k.record.canonical_signatures().map_err(|e| anyhow!("kernel `{}`: {e}", k.name()))?;
         cases.extend(sigs.into_iter().map(|s| (k.clone(), s)));
     }
     if cases.is_empty() {
@@ -291,7 +305,14 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
         };
         let cpu = check::run_kernel(&client, &cache, &k, &sig, Platform::Cpu, 10);
         let tpu = topology.as_ref().map(|t| check::tpu_compile(t, &k, &sig));
-        rows.push(CheckRow { kernel: k.name().to_owned(), signature: sig.label(), emit, parse, cpu, tpu });
+        rows.push(CheckRow {
+            kernel: k.name().to_owned(),
+            signature: sig.label(),
+            emit,
+            parse,
+            cpu,
+            tpu,
+        });
         if let Some(bar) = &bar {
             bar.inc(1);
         }
@@ -306,7 +327,12 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
     }
     println!(
         "{:<18} {:<46} {:>7} {:>6} {:>12} {:>14}",
-        "kernel", "signature", "emit", "parse", "cpu (us)", format!("tpu {topo}")
+        "kernel",
+        "signature",
+        "emit",
+        "parse",
+        "cpu (us)",
+        format!("tpu {topo}")
     );
     let mark = |ok: bool| if ok { "ok" } else { "FAIL" };
     for r in &rows {
