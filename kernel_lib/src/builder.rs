@@ -798,8 +798,6 @@ impl<'b> Tensor<'b> {
     }
 
     unary_methods! {
-        /// `-x`.
-        neg => Negate;
         abs => Abs;
         exp => Exp;
         log => Log;
@@ -815,8 +813,6 @@ impl<'b> Tensor<'b> {
         floor => Floor;
         ceil => Ceil;
         sign => Sign;
-        /// Logical or bitwise not.
-        not => Not;
         /// The error function, as `chlo.erf`.
         erf => Erf;
     }
@@ -1019,9 +1015,18 @@ binary_operators! {
     Div div => Divide;
 }
 
+/// `-x`.
 impl<'b> std::ops::Neg for Tensor<'b> {
     type Output = Tensor<'b>;
     fn neg(self) -> Tensor<'b> {
-        Tensor::neg(self)
+        self.b.defer(self.b.unary(UnaryOp::Negate, self))
+    }
+}
+
+/// Logical (bool) or bitwise (integer) not: `!x`.
+impl<'b> std::ops::Not for Tensor<'b> {
+    type Output = Tensor<'b>;
+    fn not(self) -> Tensor<'b> {
+        self.b.defer(self.b.unary(UnaryOp::Not, self))
     }
 }
