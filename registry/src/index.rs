@@ -9,11 +9,12 @@
 //! The index is immutable; [`Registry`] swaps in a new one on each runtime registration or
 //! removal, so readers never lock and a failed registration leaves the registry as it was.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arc_swap::ArcSwap;
+use rustc_hash::FxHashMap;
 use tpu_kernels::registration::{
     Guard, KernelRegistration, KernelSignature, Platform, StaticValue,
 };
@@ -261,8 +262,90 @@ impl fmt::Display for NoKernel {
 /// An immutable index: kernels by op (in selection order) and by name.
 #[derive(Debug, Default)]
 pub struct Index {
-    by_op: HashMap<String, Vec<Arc<Kernel>>>,
+    by_op: FxHashMap<String, OpEntry>,
     by_name: BTreeMap<&'static str, Arc<Kernel>>,
+}
+
+/// The candidates of one op, in selection order, with a pre-filter on a static value.
+#[derive(Debug)]
+struct OpEntry {
+    candidates: Vec<Arc<Kernel>>,
+    split: Option<StaticSplit>,
+}
+
+/// When several candidates of an op are told apart by the value of one static parameter
+/// (`approximate` for GELU): for each value, the candidates worth checking, in order.
+#[derive(Debug)]
+struct StaticSplit {
+    name: &'static str,
+    /// A value, and the candidates whose guard wants it or that do not look at this static.
+    values: Vec<(&'static str, Vec<usize>)>,
+    /// The candidates that do not look at this static (for any other value).
+    others: Vec<usize>,
+}
+
+impl StaticSplit {
+    fn build(candidates: &[Arc<Kernel>]) -> Option<StaticSplit> {
+        let wanted = |k: &Kernel, name: &str| {
+            k.record.guards.iter().find_map(|g| match g {
+                Guard::StaticEq { name: n, value } if *n == name => Some(*value),
+                _ => None,
+            })
+        };
+        // The static most candidates pin down.
+        let mut names: Vec<&'static str> = candidates
+            .iter()
+            .flat_map(|k| k.record.guards.iter())
+            .filter_map(|g| match g {
+                Guard::StaticEq { name, .. } => Some(*name),
+                _ => None,
+            })
+            .collect();
+        names.sort_unstable();
+        let name = names
+            .chunk_by(|a, b| a == b)
+            .max_by_key(|run| run.len())
+            .filter(|run| run.len() >= 2)
+            .map(|run| run[0])?;
+        let mut values: Vec<&'static str> =
+            candidates.iter().filter_map(|k| wanted(k, name)).collect();
+        values.sort_unstable();
+        values.dedup();
+        let others: Vec<usize> =
+            (0..candidates.len()).filter(|&i| wanted(&candidates[i], name).is_none()).collect();
+        let values = values
+            .into_iter()
+            .map(|v| {
+                let idx = (0..candidates.len())
+                    .filter(|&i| wanted(&candidates[i], name).is_none_or(|w| w == v))
+                    .collect();
+                (v, idx)
+            })
+            .collect();
+        Some(StaticSplit { name, values, others })
+    }
+
+    /// The candidates to check for `sig`, or `None` when the call does not give the static.
+    fn narrow(&self, sig: &KernelSignature) -> Option<&[usize]> {
+        let value = sig.get(self.name)?;
+        Some(
+            self.values
+                .iter()
+                .find(|(v, _)| static_matches(value, v))
+                .map_or(self.others.as_slice(), |(_, idx)| idx.as_slice()),
+        )
+    }
+}
+
+/// Whether `value` may equal the guard text `text` (never false when the guard would accept;
+/// the guard itself decides).
+fn static_matches(value: &StaticValue, text: &str) -> bool {
+    match value {
+        StaticValue::Str(s) => s == text,
+        StaticValue::Int(i) => text.parse::<i64>() == Ok(*i),
+        StaticValue::Float(f) => text.parse::<f64>() == Ok(*f),
+        StaticValue::Bool(b) => text == if *b { "true" } else { "false" },
+    }
 }
 
 impl Index {
@@ -276,16 +359,19 @@ impl Index {
                 return Err(RegistryError::DuplicateName { name: k.name().to_owned() });
             }
         }
-        let mut by_op: HashMap<String, Vec<Arc<Kernel>>> = HashMap::new();
+        let mut lists: BTreeMap<String, Vec<Arc<Kernel>>> = BTreeMap::new();
         // Iterate by name so candidate lists start in a deterministic order.
         for k in by_name.values() {
             for op in &k.ops {
-                by_op.entry(op.clone()).or_default().push(k.clone());
+                lists.entry(op.clone()).or_default().push(k.clone());
             }
         }
-        for (op, list) in &mut by_op {
-            order_candidates(list);
-            check_ambiguity(op, list)?;
+        let mut by_op = FxHashMap::default();
+        for (op, mut list) in lists {
+            order_candidates(&mut list);
+            check_ambiguity(&op, &list)?;
+            let split = StaticSplit::build(&list);
+            by_op.insert(op, OpEntry { candidates: list, split });
         }
         Ok(Index { by_op, by_name })
     }
@@ -301,12 +387,24 @@ impl Index {
 
     /// Selects the kernel for `op` and `call`. `op` must be normalised (see [`normalize_op`]).
     pub fn select(&self, op: &str, call: &CallMeta<'_>) -> Result<&Arc<Kernel>, NoKernel> {
-        let Some(candidates) = self.by_op.get(op) else {
+        let Some(entry) = self.by_op.get(op) else {
             return Err(NoKernel::UnknownOp { op: op.to_owned(), known: self.ops() });
         };
-        for k in candidates {
-            if k.accepts(call).is_ok() {
-                return Ok(k);
+        let candidates = &entry.candidates;
+        match entry.split.as_ref().and_then(|s| s.narrow(call.sig)) {
+            Some(narrowed) => {
+                for &i in narrowed {
+                    if candidates[i].accepts(call).is_ok() {
+                        return Ok(&candidates[i]);
+                    }
+                }
+            }
+            None => {
+                for k in candidates {
+                    if k.accepts(call).is_ok() {
+                        return Ok(k);
+                    }
+                }
             }
         }
         let reasons = candidates
@@ -318,7 +416,7 @@ impl Index {
 
     /// Candidates for `op`, in selection order.
     pub fn candidates(&self, op: &str) -> &[Arc<Kernel>] {
-        self.by_op.get(op).map(Vec::as_slice).unwrap_or(&[])
+        self.by_op.get(op).map(|e| e.candidates.as_slice()).unwrap_or(&[])
     }
 
     /// Every op with at least one kernel, sorted.
