@@ -21,7 +21,15 @@ fn big_signature(k: &KernelRegistration) -> Option<KernelSignature> {
             .shape
             .static_dims()?
             .into_iter()
-            .map(|d| if d == cols { 4096 } else if d == rows { 1024 } else { d })
+            .map(|d| {
+                if d == cols {
+                    4096
+                } else if d == rows {
+                    1024
+                } else {
+                    d
+                }
+            })
             .collect();
         t.shape = Shape::of(&dims);
     }
@@ -48,7 +56,10 @@ fn main() {
     c.final_summary();
 
     println!("\nbuild + verify + print at 1024x4096 (microseconds, 2000 runs each)");
-    println!("{:<18} {:>9} {:>9} {:>9} {:>8}  signature", "kernel", "median", "min", "max", "bytes");
+    println!(
+        "{:<18} {:>9} {:>9} {:>9} {:>8}  signature",
+        "kernel", "median", "min", "max", "bytes"
+    );
     for (k, sig) in &cases {
         let mut times: Vec<f64> = (0..2000)
             .map(|_| {

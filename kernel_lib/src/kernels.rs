@@ -1,18 +1,15 @@
-//! The standard kernels, written with the builder and registered through
-//! [`KernelRegistration`].
+//! The standard kernels, declared with [`tpu_kernel`](crate::tpu_kernel) like any other.
 //!
 //! Every kernel computes in f32 when given a 16-bit float (bf16, f16) and rounds once at the end,
-//! as PyTorch's CPU kernels do; reductions accumulate in f32 too.
+//! as PyTorch's CPU kernels do; reductions accumulate in f32 too. Each kernel's parameters bind
+//! to its op's schema by name (`self_` is the schema's `self`); [`math`] holds the plain tensor
+//! functions the kernels share.
 
 use crate::builder::Tensor;
 use crate::error::BuildError;
-use crate::ir::Module;
-use crate::registration::{
-    Guard, KernelRegistration, KernelSignature, StaticKind, StaticParam, build_with,
-};
+use crate::registration::KernelSignature;
+use crate::tpu_kernel;
 use crate::types::DType;
-
-const FLOATS: &[DType] = &[DType::F32, DType::BF16, DType::F16];
 
 /// The type arithmetic happens in for inputs of `dtype`.
 fn compute_type(dtype: DType) -> DType {
@@ -26,215 +23,170 @@ fn upcast(x: Tensor<'_>) -> Tensor<'_> {
     x.cast(compute_type(x.dtype()))
 }
 
-fn static_str<'s>(sig: &'s KernelSignature, name: &str) -> &'s str {
-    sig.str(name).unwrap_or_default()
+/// Tensor functions the kernels are made of, usable inside any kernel body.
+pub mod math {
+    use super::upcast;
+    use crate::builder::Tensor;
+
+    /// `x * Φ(x)` with the exact normal CDF: `0.5 x (1 + erf(x / √2))`.
+    pub fn gelu_exact(x: Tensor<'_>) -> Tensor<'_> {
+        let xf = upcast(x);
+        let cdf = (xf * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0;
+        (xf * cdf * 0.5).cast(x.dtype())
+    }
+
+    /// The tanh approximation: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+    pub fn gelu_tanh(x: Tensor<'_>) -> Tensor<'_> {
+        let xf = upcast(x);
+        let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt();
+        let inner = (xf + xf * xf * xf * 0.044715) * sqrt_2_over_pi;
+        (xf * (inner.tanh() + 1.0) * 0.5).cast(x.dtype())
+    }
+
+    /// `exp(x - max) / sum(exp(x - max))` along `dim`.
+    pub fn softmax(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
+        let xf = upcast(x);
+        let shifted = xf - xf.amax(&[dim], true);
+        let e = shifted.exp();
+        (e / e.sum(&[dim], true)).cast(x.dtype())
+    }
+
+    /// `x - max - log(sum(exp(x - max)))` along `dim`.
+    pub fn log_softmax(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
+        let xf = upcast(x);
+        let shifted = xf - xf.amax(&[dim], true);
+        (shifted - shifted.exp().sum(&[dim], true).log()).cast(x.dtype())
+    }
 }
 
 // ----- activations -----
 
-/// `x * Φ(x)` with the exact normal CDF: `0.5 x (1 + erf(x / √2))`.
-pub fn gelu_exact(x: Tensor<'_>) -> Tensor<'_> {
-    let xf = upcast(x);
-    let cdf = (xf * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0;
-    (xf * cdf * 0.5).cast(x.dtype())
+/// GELU with the exact normal CDF (erf).
+#[tpu_kernel(
+    aten = "aten::gelu",
+    dtypes = [f32, bf16, f16],
+    defaults(approximate = "none"),
+    require(approximate == "none"),
+    cache_key = [approximate],
+    output = same_as(self_),
+    canonical = ["f32[8,128]", "bf16[4,256]", "f32[3,7,33]", "f16[1,5]"],
+)]
+pub fn gelu(self_: Tensor, approximate: &str) -> Tensor {
+    let _ = approximate;
+    math::gelu_exact(self_)
 }
 
-/// The tanh approximation: `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
-pub fn gelu_tanh(x: Tensor<'_>) -> Tensor<'_> {
-    let xf = upcast(x);
-    let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt();
-    let inner = (xf + xf * xf * xf * 0.044715) * sqrt_2_over_pi;
-    (xf * (inner.tanh() + 1.0) * 0.5).cast(x.dtype())
+/// GELU, tanh approximation.
+#[tpu_kernel(
+    aten = "aten::gelu",
+    dtypes = [f32, bf16, f16],
+    defaults(approximate = "tanh"),
+    require(approximate == "tanh"),
+    cache_key = [approximate],
+    output = same_as(self_),
+    canonical = ["f32[8,128]", "bf16[4,256]", "f32[3,7,33]", "f16[1,5]"],
+)]
+pub fn gelu_tanh(self_: Tensor, approximate: &str) -> Tensor {
+    let _ = approximate;
+    math::gelu_tanh(self_)
 }
 
-/// `x * sigmoid(x)`.
-pub fn silu(x: Tensor<'_>) -> Tensor<'_> {
-    let xf = upcast(x);
-    (xf * xf.sigmoid()).cast(x.dtype())
-}
-
-fn build_gelu(sig: &KernelSignature) -> Result<Module, BuildError> {
-    build_with("gelu", sig, |_, a| Ok(vec![gelu_exact(a[0])]))
-}
-
-fn build_gelu_tanh(sig: &KernelSignature) -> Result<Module, BuildError> {
-    build_with("gelu_tanh", sig, |_, a| Ok(vec![gelu_tanh(a[0])]))
-}
-
-fn build_silu(sig: &KernelSignature) -> Result<Module, BuildError> {
-    build_with("silu", sig, |_, a| Ok(vec![silu(a[0])]))
-}
-
-const APPROXIMATE_NONE: StaticParam =
-    StaticParam::new("approximate", StaticKind::Str).default("none");
-const APPROXIMATE_TANH: StaticParam =
-    StaticParam::new("approximate", StaticKind::Str).default("tanh");
-const ELEMENTWISE_SHAPES: &[&str] = &["f32[8,128]", "bf16[4,256]", "f32[3,7,33]", "f16[1,5]"];
-
-inventory::submit! {
-    KernelRegistration::new("gelu", build_gelu)
-        .ops(&["aten::gelu"])
-        .inputs(&["self"])
-        .statics(&[APPROXIMATE_NONE])
-        .guards(&[Guard::StaticEq { name: "approximate", value: "none" }])
-        .dtypes(FLOATS)
-        .canonical(ELEMENTWISE_SHAPES)
-        .doc("GELU with the exact normal CDF (erf).")
-}
-
-inventory::submit! {
-    KernelRegistration::new("gelu_tanh", build_gelu_tanh)
-        .ops(&["aten::gelu"])
-        .inputs(&["self"])
-        .statics(&[APPROXIMATE_TANH])
-        .guards(&[Guard::StaticEq { name: "approximate", value: "tanh" }])
-        .dtypes(FLOATS)
-        .canonical(ELEMENTWISE_SHAPES)
-        .doc("GELU, tanh approximation.")
-}
-
-inventory::submit! {
-    KernelRegistration::new("silu", build_silu)
-        .ops(&["aten::silu"])
-        .inputs(&["self"])
-        .dtypes(FLOATS)
-        .canonical(ELEMENTWISE_SHAPES)
-        .doc("SiLU (swish): x * sigmoid(x).")
+/// SiLU (swish): x * sigmoid(x).
+#[tpu_kernel(
+    aten = "aten::silu",
+    dtypes = [f32, bf16, f16],
+    output = same_as(self_),
+    canonical = ["f32[8,128]", "bf16[4,256]", "f32[3,7,33]", "f16[1,5]"],
+)]
+pub fn silu(self_: Tensor) -> Tensor {
+    let xf = upcast(self_);
+    (xf * xf.sigmoid()).cast(self_.dtype())
 }
 
 // ----- normalisation -----
 
-/// `x / sqrt(mean(x², -1) + eps) * weight` over the last dimension.
-pub fn rms_norm<'b>(x: Tensor<'b>, weight: Tensor<'b>, eps: f64) -> Tensor<'b> {
+/// RMSNorm over the last dimension, scaled by a weight.
+#[tpu_kernel(
+    op = "tpuk::rms_norm",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(x = [.., D], weight = [D]),
+    defaults(eps = 1e-6),
+    cache_key = [eps],
+    output = same_as(x),
+    canonical = ["f32[8,128], f32[128]", "bf16[4,256], bf16[256]", "f32[3,5,33], f32[33]; eps=1e-5"],
+)]
+pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
     let xf = upcast(x);
     let ms = (xf * xf).mean(&[-1], true);
     let normed = xf * (ms + eps).rsqrt();
     (normed * upcast(weight)).cast(x.dtype())
 }
 
-/// Layer norm over the last dimension; returns `(out, mean, rstd)` as `aten::native_layer_norm`
-/// does (mean and rstd keep the normalised dimension as size 1).
-pub fn layer_norm<'b>(
-    x: Tensor<'b>,
-    weight: Tensor<'b>,
-    bias: Tensor<'b>,
+/// Layer norm over the last dimension: (out, mean, rstd).
+///
+/// Returns `(out, mean, rstd)` as `aten::native_layer_norm` does (mean and rstd keep the
+/// normalised dimension as size 1).
+#[tpu_kernel(
+    aten = "aten::native_layer_norm",
+    schema(input, normalized_shape, weight, bias, eps),
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(input = [.., D], weight = [D], bias = [D]),
+    defaults(eps = 1e-5),
+    cache_key = [eps],
+    output = [same_as(input), reduced(input, -1), reduced(input, -1)],
+    canonical = [
+        "f32[8,128], f32[128], f32[128]",
+        "bf16[4,256], bf16[256], bf16[256]",
+        "f32[3,5,33], f32[33], f32[33]",
+    ],
+)]
+pub fn layer_norm(
+    input: Tensor,
+    weight: Tensor,
+    bias: Tensor,
     eps: f64,
-) -> (Tensor<'b>, Tensor<'b>, Tensor<'b>) {
-    let xf = upcast(x);
+) -> (Tensor, Tensor, Tensor) {
+    let xf = upcast(input);
     let mean = xf.mean(&[-1], true);
     let centered = xf - mean;
     let var = (centered * centered).mean(&[-1], true);
     let rstd = (var + eps).rsqrt();
     let out = centered * rstd * upcast(weight) + upcast(bias);
-    (out.cast(x.dtype()), mean.cast(x.dtype()), rstd.cast(x.dtype()))
-}
-
-fn build_rms_norm(sig: &KernelSignature) -> Result<Module, BuildError> {
-    let eps = sig.float("eps").unwrap_or(1e-6);
-    build_with("rms_norm", sig, |_, a| Ok(vec![rms_norm(a[0], a[1], eps)]))
-}
-
-fn build_layer_norm(sig: &KernelSignature) -> Result<Module, BuildError> {
-    let eps = sig.float("eps").unwrap_or(1e-5);
-    build_with("layer_norm", sig, |_, a| {
-        let (out, mean, rstd) = layer_norm(a[0], a[1], a[2], eps);
-        Ok(vec![out, mean, rstd])
-    })
-}
-
-const LAST_DIM_MATCHES_WEIGHT: &[Guard] = &[
-    Guard::SameDType,
-    Guard::Rank { input: 0, min: 1, max: 8 },
-    Guard::Rank { input: 1, min: 1, max: 1 },
-    Guard::SameDim { a: (0, -1), b: (1, 0) },
-];
-
-inventory::submit! {
-    KernelRegistration::new("rms_norm", build_rms_norm)
-        .ops(&["tpuk::rms_norm"])
-        .inputs(&["x", "weight"])
-        .statics(&[StaticParam::new("eps", StaticKind::Float).default("1e-6")])
-        .guards(LAST_DIM_MATCHES_WEIGHT)
-        .dtypes(FLOATS)
-        .canonical(&["f32[8,128], f32[128]", "bf16[4,256], bf16[256]", "f32[3,5,33], f32[33]; eps=1e-5"])
-        .doc("RMSNorm over the last dimension, scaled by a weight.")
-}
-
-inventory::submit! {
-    KernelRegistration::new("layer_norm", build_layer_norm)
-        .ops(&["aten::native_layer_norm"])
-        .inputs(&["input", "weight", "bias"])
-        .statics(&[StaticParam::new("eps", StaticKind::Float).default("1e-5")])
-        .guards(&[
-            Guard::SameDType,
-            Guard::Rank { input: 0, min: 1, max: 8 },
-            Guard::Rank { input: 1, min: 1, max: 1 },
-            Guard::SameDim { a: (0, -1), b: (1, 0) },
-            Guard::SameDim { a: (1, 0), b: (2, 0) },
-        ])
-        .dtypes(FLOATS)
-        .canonical(&[
-            "f32[8,128], f32[128], f32[128]",
-            "bf16[4,256], bf16[256], bf16[256]",
-            "f32[3,5,33], f32[33], f32[33]",
-        ])
-        .doc("Layer norm over the last dimension: (out, mean, rstd).")
+    (out.cast(input.dtype()), mean.cast(input.dtype()), rstd.cast(input.dtype()))
 }
 
 // ----- softmax -----
 
-/// `exp(x - max) / sum(exp(x - max))` along `dim`.
-pub fn softmax(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
-    let xf = upcast(x);
-    let shifted = xf - xf.amax(&[dim], true);
-    let e = shifted.exp();
-    (e / e.sum(&[dim], true)).cast(x.dtype())
+/// Numerically stable softmax along `dim`.
+#[tpu_kernel(
+    aten = "aten::_softmax",
+    dtypes = [f32, bf16, f16],
+    defaults(dim = -1, half_to_float = false),
+    require(half_to_float == false),
+    cache_key = [dim, half_to_float],
+    output = same_as(self_),
+    canonical = ["f32[8,128]; dim=-1", "bf16[4,256]; dim=1", "f32[3,7,33]; dim=1"],
+)]
+pub fn softmax(self_: Tensor, dim: i64, half_to_float: bool) -> Tensor {
+    let _ = half_to_float;
+    math::softmax(self_, dim)
 }
 
-/// `x - max - log(sum(exp(x - max)))` along `dim`.
-pub fn log_softmax(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
-    let xf = upcast(x);
-    let shifted = xf - xf.amax(&[dim], true);
-    (shifted - shifted.exp().sum(&[dim], true).log()).cast(x.dtype())
-}
-
-fn build_softmax(sig: &KernelSignature) -> Result<Module, BuildError> {
-    let dim = sig.int("dim").unwrap_or(-1);
-    build_with("softmax", sig, |_, a| Ok(vec![softmax(a[0], dim)]))
-}
-
-fn build_log_softmax(sig: &KernelSignature) -> Result<Module, BuildError> {
-    let dim = sig.int("dim").unwrap_or(-1);
-    build_with("log_softmax", sig, |_, a| Ok(vec![log_softmax(a[0], dim)]))
-}
-
-const SOFTMAX_STATICS: &[StaticParam] = &[
-    StaticParam::new("dim", StaticKind::Int).default("-1"),
-    StaticParam::new("half_to_float", StaticKind::Bool).default("false"),
-];
-const SOFTMAX_GUARDS: &[Guard] = &[Guard::StaticEq { name: "half_to_float", value: "false" }];
-const SOFTMAX_SHAPES: &[&str] = &["f32[8,128]; dim=-1", "bf16[4,256]; dim=1", "f32[3,7,33]; dim=1"];
-
-inventory::submit! {
-    KernelRegistration::new("softmax", build_softmax)
-        .ops(&["aten::_softmax"])
-        .inputs(&["self"])
-        .statics(SOFTMAX_STATICS)
-        .guards(SOFTMAX_GUARDS)
-        .dtypes(FLOATS)
-        .canonical(SOFTMAX_SHAPES)
-        .doc("Numerically stable softmax along `dim`.")
-}
-
-inventory::submit! {
-    KernelRegistration::new("log_softmax", build_log_softmax)
-        .ops(&["aten::_log_softmax"])
-        .inputs(&["self"])
-        .statics(SOFTMAX_STATICS)
-        .guards(SOFTMAX_GUARDS)
-        .dtypes(FLOATS)
-        .canonical(SOFTMAX_SHAPES)
-        .doc("Numerically stable log-softmax along `dim`.")
+/// Numerically stable log-softmax along `dim`.
+#[tpu_kernel(
+    aten = "aten::_log_softmax",
+    dtypes = [f32, bf16, f16],
+    defaults(dim = -1, half_to_float = false),
+    require(half_to_float == false),
+    cache_key = [dim, half_to_float],
+    output = same_as(self_),
+    canonical = ["f32[8,128]; dim=-1", "bf16[4,256]; dim=1", "f32[3,7,33]; dim=1"],
+)]
+pub fn log_softmax(self_: Tensor, dim: i64, half_to_float: bool) -> Tensor {
+    let _ = half_to_float;
+    math::log_softmax(self_, dim)
 }
 
 // ----- matmul with epilogue -----
@@ -242,65 +194,55 @@ inventory::submit! {
 /// Activations the matmul epilogue can apply.
 pub const ACTIVATIONS: &[&str] = &["none", "relu", "gelu", "gelu_tanh", "silu"];
 
-fn build_matmul_bias_act(sig: &KernelSignature) -> Result<Module, BuildError> {
-    let activation = static_str(sig, "activation").to_owned();
-    let activation_sig = |dtype: DType, shape| KernelSignature {
-        inputs: vec![crate::types::TensorType { dtype, shape }],
-        statics: Vec::new(),
+/// x @ weight + bias, then an activation epilogue (none, relu, gelu, gelu_tanh, silu).
+#[tpu_kernel(
+    op = "tpuk::matmul_bias_act",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(x = [M, K], weight = [K, N], bias = [N]),
+    defaults(activation = "none"),
+    cache_key = [activation],
+    output = like(x, [M, N]),
+    canonical = [
+        "f32[8,64], f32[64,128], f32[128]; activation=gelu",
+        "bf16[16,128], bf16[128,256], bf16[256]; activation=silu",
+        "f32[7,33], f32[33,5], f32[5]; activation=relu",
+        "f32[4,32], f32[32,16], f32[16]",
+    ],
+)]
+pub fn matmul_bias_act(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    activation: &str,
+) -> Result<Tensor, BuildError> {
+    let acc = compute_type(x.dtype());
+    let y = x.matmul_to(weight, Some(acc)) + upcast(bias);
+    let y = match activation {
+        "none" => y,
+        "relu" => y.maximum(y.scalar(0.0)),
+        // The GELU and SiLU epilogues call the registered kernels' modules as private
+        // functions, so the emitted module shows where each one went.
+        "gelu" | "gelu_tanh" | "silu" => {
+            let sub = KernelSignature { inputs: vec![y.ty()], statics: Vec::new() };
+            let module = match activation {
+                "gelu" => gelu::module(&sub)?,
+                "gelu_tanh" => gelu_tanh::module(&sub)?,
+                _ => silu::module(&sub)?,
+            };
+            y.builder().call(&module, &[y])?[0]
+        }
+        other => {
+            return Err(BuildError {
+                kernel: "matmul_bias_act".to_owned(),
+                op: "epilogue",
+                kind: crate::ErrorKind::DType,
+                message: format!(
+                    "unknown activation `{other}` (known: {})",
+                    ACTIVATIONS.join(", ")
+                ),
+            });
+        }
     };
-    build_with("matmul_bias_act", sig, |b, a| {
-        let (x, w, bias) = (a[0], a[1], a[2]);
-        let acc = compute_type(x.dtype());
-        let y = x.matmul_to(w, Some(acc)) + upcast(bias);
-        let y = match activation.as_str() {
-            "none" => y,
-            "relu" => y.maximum(y.scalar(0.0)),
-            // The GELU and SiLU epilogues call the registered kernels' modules as private
-            // functions, so the emitted module shows where each one went.
-            "gelu" | "gelu_tanh" | "silu" => {
-                let sub = activation_sig(y.dtype(), y.shape());
-                let module = match activation.as_str() {
-                    "gelu" => build_gelu(&sub)?,
-                    "gelu_tanh" => build_gelu_tanh(&sub)?,
-                    _ => build_silu(&sub)?,
-                };
-                b.call(&module, &[y])?[0]
-            }
-            other => {
-                return Err(BuildError {
-                    kernel: "matmul_bias_act".to_owned(),
-                    op: "epilogue",
-                    kind: crate::ErrorKind::DType,
-                    message: format!(
-                        "unknown activation `{other}` (known: {})",
-                        ACTIVATIONS.join(", ")
-                    ),
-                });
-            }
-        };
-        Ok(vec![y.cast(x.dtype())])
-    })
-}
-
-inventory::submit! {
-    KernelRegistration::new("matmul_bias_act", build_matmul_bias_act)
-        .ops(&["tpuk::matmul_bias_act"])
-        .inputs(&["x", "weight", "bias"])
-        .statics(&[StaticParam::new("activation", StaticKind::Str).default("none")])
-        .guards(&[
-            Guard::SameDType,
-            Guard::Rank { input: 0, min: 2, max: 2 },
-            Guard::Rank { input: 1, min: 2, max: 2 },
-            Guard::Rank { input: 2, min: 1, max: 1 },
-            Guard::SameDim { a: (0, 1), b: (1, 0) },
-            Guard::SameDim { a: (1, 1), b: (2, 0) },
-        ])
-        .dtypes(FLOATS)
-        .canonical(&[
-            "f32[8,64], f32[64,128], f32[128]; activation=gelu",
-            "bf16[16,128], bf16[128,256], bf16[256]; activation=silu",
-            "f32[7,33], f32[33,5], f32[5]; activation=relu",
-            "f32[4,32], f32[32,16], f32[16]",
-        ])
-        .doc("x @ weight + bias, then an activation epilogue (none, relu, gelu, gelu_tanh, silu).")
+    Ok(y.cast(x.dtype()))
 }

@@ -24,12 +24,24 @@ pub use builder::{KernelBuilder, Tensor};
 pub use error::{BuildError, ErrorKind, OpError};
 pub use ir::Module;
 pub use registration::{KernelRegistration, KernelSignature, registered};
+pub use tpu_kernels_macros::tpu_kernel;
+
+// `#[tpu_kernel]` names `::tpu_kernels::__private`; this lets the standard kernels use the
+// default path too.
+extern crate self as tpu_kernels;
 pub use types::{DType, Dim, Shape, TensorType};
 
 /// Items the generated code of `#[tpu_kernel]` names. Not a stable API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::registration::macro_support::{static_arg, static_default, trace};
+    pub use crate::registration::{
+        Binding, BindingKind, CacheKey, Guard, ImportedModule, KernelRegistration, KernelSignature,
+        OutputDType, OutputDim, OutputRule, OutputSpec, Platform, StaticKind, StaticParam,
+    };
+    pub use crate::{BuildError, DType, Module, Tensor};
     pub use inventory;
+    pub use std::{option::Option, result::Result, vec::Vec};
 }
 
 /// The README's Rust examples compile and run as doctests.

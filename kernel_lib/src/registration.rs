@@ -2,9 +2,14 @@
 //!
 //! A record is const data: what the kernel replaces, which dtypes and platforms it takes, its
 //! static parameters with their cache-key policy, its canonical signatures (which the snapshot
-//! tests and `tpuk check` iterate), and the function that builds its module for one concrete
-//! signature. The `#[tpu_kernel]` attribute generates exactly this record; the standard kernels in
-//! [`crate::kernels`] write it by hand with the same const constructors.
+//! tests and `tpuk check` iterate), how its parameters bind to the op's schema, the rule that
+//! gives its output types without building it, and where its module comes from
+//! ([`KernelSource`]: built from Rust for one concrete signature, or imported StableHLO text).
+//! The `#[tpu_kernel]` attribute generates exactly this record with the const constructors
+//! below; the standard kernels in [`crate::kernels`] use the attribute too.
+//!
+//! Op names in [`KernelRegistration::ops`] are full overload names, `ns::name.overload`; the
+//! attribute normalises a bare `aten::gelu` to `aten::gelu.default`, as PyTorch names it.
 //!
 //! The linker drops records from crates a binary never names: a binary or test that uses an
 //! external kernel crate says `use that_crate as _;`.
@@ -108,6 +113,19 @@ impl StaticValue {
     }
 }
 
+impl StaticValue {
+    /// Whether this value equals `text` read as a value of the same kind (`"1e-6"` and
+    /// `"0.000001"` both match the float 1e-6). Does not allocate: guards call it per selection.
+    pub fn matches_text(&self, text: &str) -> bool {
+        match self {
+            StaticValue::Str(s) => s == text,
+            StaticValue::Int(i) => text.parse::<i64>() == Ok(*i),
+            StaticValue::Float(f) => text.parse::<f64>() == Ok(*f),
+            StaticValue::Bool(b) => text == if *b { "true" } else { "false" },
+        }
+    }
+}
+
 impl fmt::Display for StaticValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -197,6 +215,10 @@ pub enum Guard {
     SameDim { a: (usize, i64), b: (usize, i64) },
     /// All inputs share the first input's element type.
     SameDType,
+    /// Dimension `dim` of input `input` has exactly this size.
+    DimEq { input: usize, dim: i64, size: u64 },
+    /// Input `input` has exactly this element type.
+    DTypeIs { input: usize, dtype: DType },
 }
 
 impl Guard {
@@ -215,11 +237,7 @@ impl Guard {
         };
         match *self {
             Guard::StaticEq { name, value } => match sig.get(name) {
-                Some(v)
-                    if v.to_string() == value || matches!(v, StaticValue::Str(s) if s == value) =>
-                {
-                    Ok(())
-                }
+                Some(v) if v.matches_text(value) => Ok(()),
                 Some(v) => Err(format!("static `{name}` is {v}, kernel needs {value}")),
                 None => Err(format!("static `{name}` not given")),
             },
@@ -253,6 +271,173 @@ impl Guard {
                     Some(t) => Err(format!("inputs mix {first} and {}", t.dtype)),
                 }
             }
+            Guard::DimEq { input: i, dim: d, size } => match dim(i, d)?.as_static() {
+                Some(n) if n == size => Ok(()),
+                _ => Err(format!("input {i} dim {d} is not {size}")),
+            },
+            Guard::DTypeIs { input: i, dtype } => {
+                let t = input(i)?;
+                if t.dtype == dtype {
+                    Ok(())
+                } else {
+                    Err(format!("input {i} is {}, kernel needs {}", t.dtype, dtype))
+                }
+            }
+        }
+    }
+}
+
+/// Where a kernel's module comes from.
+#[derive(Clone, Copy)]
+pub enum KernelSource {
+    /// Traced from Rust: builds the module for one concrete signature.
+    Built(fn(&KernelSignature) -> Result<Module, BuildError>),
+    /// Pre-lowered StableHLO text embedded at compile time, at most one variant per platform.
+    /// The registry inlines these; [`KernelRegistration::emit`] refuses them.
+    Imported { tpu: Option<ImportedModule>, cpu: Option<ImportedModule> },
+}
+
+impl fmt::Debug for KernelSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KernelSource::Built(_) => f.write_str("Built(..)"),
+            KernelSource::Imported { tpu, cpu } => {
+                f.debug_struct("Imported").field("tpu", tpu).field("cpu", cpu).finish()
+            }
+        }
+    }
+}
+
+/// One imported StableHLO module, embedded in the binary.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ImportedModule {
+    /// The file, relative to the manifest of the crate that imported it, as written.
+    pub path: &'static str,
+    /// The module text, verbatim (locations included).
+    pub text: &'static str,
+    /// [`crate::reader::content_fingerprint`] of the text: locations, whitespace and comments
+    /// do not change it. Computed at compile time.
+    pub fingerprint: &'static str,
+}
+
+impl fmt::Debug for ImportedModule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ImportedModule")
+            .field("path", &self.path)
+            .field("fingerprint", &self.fingerprint)
+            .field("len", &self.text.len())
+            .finish()
+    }
+}
+
+/// Which kernel parameter a schema argument feeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BindingKind {
+    /// Tensor input number `index` (into [`KernelRegistration::inputs`]).
+    Tensor { index: usize },
+    /// Static parameter number `index` (into [`KernelRegistration::statics`]).
+    Static { index: usize },
+}
+
+/// A kernel parameter bound to an argument of the op's schema, by name and position.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Binding {
+    /// The schema argument's name (`self`, `eps`).
+    pub name: &'static str,
+    /// Its position among the schema's arguments, from 0.
+    pub position: usize,
+    pub kind: BindingKind,
+}
+
+/// The element type of one output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputDType {
+    /// The element type of input `n`.
+    Of(usize),
+    Fixed(DType),
+}
+
+/// One dimension of an output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputDim {
+    /// Dimension `dim` of input `input` (negative counts from the end).
+    Of {
+        input: usize,
+        dim: i64,
+    },
+    Static(u64),
+}
+
+/// The type of one output, as data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputSpec {
+    /// The type of input `n`.
+    SameAs(usize),
+    /// The type of input `input` with dimension `dim` set to 1 (a keepdim reduction).
+    Reduced { input: usize, dim: i64 },
+    /// An element type and a list of dimensions.
+    Shape { dtype: OutputDType, dims: &'static [OutputDim] },
+}
+
+/// How to compute a kernel's output types from a signature without building its module: the
+/// rule PyTorch's fake (meta) function follows.
+#[derive(Clone, Copy)]
+pub enum OutputRule {
+    /// Build the module and read `@main`'s result types (always right, costs a trace).
+    Build,
+    /// One spec per output, evaluated on the signature.
+    Specs(&'static [OutputSpec]),
+    /// A function of the signature.
+    Fn(fn(&KernelSignature) -> Result<Vec<TensorType>, String>),
+}
+
+impl fmt::Debug for OutputRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutputRule::Build => f.write_str("Build"),
+            OutputRule::Specs(s) => f.debug_tuple("Specs").field(s).finish(),
+            OutputRule::Fn(_) => f.write_str("Fn(..)"),
+        }
+    }
+}
+
+impl OutputSpec {
+    /// The output type this spec gives for `sig`.
+    pub fn eval(&self, sig: &KernelSignature) -> Result<TensorType, String> {
+        let input = |i: usize| {
+            sig.inputs
+                .get(i)
+                .ok_or_else(|| format!("input {i} missing ({} given)", sig.inputs.len()))
+        };
+        let axis = |t: &TensorType, d: i64| {
+            crate::ir::normalize_axis(d, t.rank()).map_err(|e| format!("{t}: {}", e.message))
+        };
+        match *self {
+            OutputSpec::SameAs(i) => Ok(input(i)?.clone()),
+            OutputSpec::Reduced { input: i, dim } => {
+                let t = input(i)?;
+                let k = axis(t, dim)?;
+                let mut shape = t.shape.clone();
+                shape.0[k] = crate::types::Dim::Static(1);
+                Ok(t.with_shape(shape))
+            }
+            OutputSpec::Shape { dtype, dims } => {
+                let dtype = match dtype {
+                    OutputDType::Of(i) => input(i)?.dtype,
+                    OutputDType::Fixed(d) => d,
+                };
+                let mut shape = Vec::with_capacity(dims.len());
+                for d in dims {
+                    shape.push(match *d {
+                        OutputDim::Static(n) => crate::types::Dim::Static(n),
+                        OutputDim::Of { input: i, dim } => {
+                            let t = input(i)?;
+                            t.shape.0[axis(t, dim)?].clone()
+                        }
+                    });
+                }
+                Ok(TensorType { dtype, shape: crate::types::Shape(shape) })
+            }
         }
     }
 }
@@ -262,11 +447,17 @@ impl Guard {
 pub struct KernelRegistration {
     /// Unique kernel name (the Rust function's name for `#[tpu_kernel]` kernels).
     pub name: &'static str,
-    /// What it replaces: ATen overloads (`aten::gelu.default`) or new ops (`tpuk::rms_norm`).
+    /// What it replaces, as full overload names: ATen overloads (`aten::gelu.default`) or new
+    /// ops (`tpuk::rms_norm.default`).
     pub ops: &'static [&'static str],
     /// Names of the tensor parameters, in order.
     pub inputs: &'static [&'static str],
     pub statics: &'static [StaticParam],
+    /// The op schema's positional argument names, in order (may include arguments the kernel
+    /// does not take, such as `normalized_shape`).
+    pub schema: &'static [&'static str],
+    /// Where each kernel parameter sits in [`Self::schema`].
+    pub bindings: &'static [Binding],
     pub guards: &'static [Guard],
     /// Element types of the first input the kernel accepts (all tensors share one in the
     /// standard kernels).
@@ -277,8 +468,13 @@ pub struct KernelRegistration {
     /// Signatures the snapshot tests and `tpuk check` exercise:
     /// `"f32[8,128], f32[128]; eps=1e-6"` (statics after `;`, defaults fill the rest).
     pub canonical: &'static [&'static str],
-    /// Builds the module for one concrete signature.
-    pub build: fn(&KernelSignature) -> Result<Module, BuildError>,
+    /// Where the module comes from.
+    pub source: KernelSource,
+    /// The output types of a signature, without building.
+    pub output: OutputRule,
+    /// The kernel that computes this one's gradient, by name (checked when the registry is
+    /// built).
+    pub backward: Option<&'static str>,
     pub doc: &'static str,
 }
 
@@ -289,6 +485,7 @@ impl fmt::Debug for KernelRegistration {
             .field("ops", &self.ops)
             .field("dtypes", &self.dtypes)
             .field("priority", &self.priority)
+            .field("source", &self.source)
             .finish_non_exhaustive()
     }
 }
@@ -296,22 +493,47 @@ impl fmt::Debug for KernelRegistration {
 inventory::collect!(KernelRegistration);
 
 impl KernelRegistration {
-    /// A record with no ops bound, f32 only, every platform, priority 0.
+    /// A Rust-built record with no ops bound, f32 only, every platform, priority 0, outputs
+    /// derived by building.
     pub const fn new(
         name: &'static str,
         build: fn(&KernelSignature) -> Result<Module, BuildError>,
     ) -> KernelRegistration {
+        KernelRegistration::with_source(name, KernelSource::Built(build))
+    }
+
+    /// An imported record: the module text for TPU and/or CPU; platforms are those given.
+    pub const fn imported(
+        name: &'static str,
+        tpu: Option<ImportedModule>,
+        cpu: Option<ImportedModule>,
+    ) -> KernelRegistration {
+        let platforms: &'static [Platform] = match (tpu.is_some(), cpu.is_some()) {
+            (true, true) => &[Platform::Cpu, Platform::Tpu],
+            (true, false) => &[Platform::Tpu],
+            (false, true) => &[Platform::Cpu],
+            (false, false) => &[],
+        };
+        KernelRegistration::with_source(name, KernelSource::Imported { tpu, cpu })
+            .platforms(platforms)
+    }
+
+    const fn with_source(name: &'static str, source: KernelSource) -> KernelRegistration {
         KernelRegistration {
             name,
             ops: &[],
             inputs: &[],
             statics: &[],
+            schema: &[],
+            bindings: &[],
             guards: &[],
             dtypes: &[DType::F32],
             platforms: &Platform::ALL,
             priority: 0,
             canonical: &[],
-            build,
+            source,
+            output: OutputRule::Build,
+            backward: None,
             doc: "",
         }
     }
@@ -326,6 +548,14 @@ impl KernelRegistration {
 
     pub const fn statics(self, statics: &'static [StaticParam]) -> Self {
         KernelRegistration { statics, ..self }
+    }
+
+    pub const fn schema(
+        self,
+        schema: &'static [&'static str],
+        bindings: &'static [Binding],
+    ) -> Self {
+        KernelRegistration { schema, bindings, ..self }
     }
 
     pub const fn guards(self, guards: &'static [Guard]) -> Self {
@@ -348,8 +578,26 @@ impl KernelRegistration {
         KernelRegistration { canonical, ..self }
     }
 
+    pub const fn output(self, output: OutputRule) -> Self {
+        KernelRegistration { output, ..self }
+    }
+
+    pub const fn backward(self, kernel: &'static str) -> Self {
+        KernelRegistration { backward: Some(kernel), ..self }
+    }
+
     pub const fn doc(self, doc: &'static str) -> Self {
         KernelRegistration { doc, ..self }
+    }
+
+    /// The static parameter `name`.
+    pub fn static_param(&self, name: &str) -> Option<&'static StaticParam> {
+        self.statics.iter().find(|p| p.name == name)
+    }
+
+    /// The binding of schema argument `name`.
+    pub fn binding(&self, name: &str) -> Option<&'static Binding> {
+        self.bindings.iter().find(|b| b.name == name)
     }
 
     /// Parses a signature in the canonical spelling against this kernel's parameters, filling
@@ -436,9 +684,49 @@ impl KernelRegistration {
         self.guards.iter().try_for_each(|g| g.check(sig))
     }
 
-    /// Builds the module for `sig`.
+    /// Builds the module for `sig`. Imported kernels have no builder: this is an error naming
+    /// the kernel; use [`Self::imported_module`].
     pub fn emit(&self, sig: &KernelSignature) -> Result<Module, BuildError> {
-        (self.build)(sig)
+        match self.source {
+            KernelSource::Built(build) => build(sig),
+            KernelSource::Imported { .. } => Err(BuildError {
+                kernel: self.name.to_owned(),
+                op: "emit",
+                kind: crate::ErrorKind::Symbol,
+                message: "an imported kernel is not built: inline its module text \
+                          (`imported_module`)"
+                    .to_owned(),
+            }),
+        }
+    }
+
+    /// Whether the module is imported StableHLO text rather than built from Rust.
+    pub fn is_imported(&self) -> bool {
+        matches!(self.source, KernelSource::Imported { .. })
+    }
+
+    /// The imported module for `platform` (`None` for built kernels, and for platforms the
+    /// import has no variant for; CUDA takes the CPU variant's plain StableHLO).
+    pub fn imported_module(&self, platform: Platform) -> Option<&ImportedModule> {
+        match &self.source {
+            KernelSource::Built(_) => None,
+            KernelSource::Imported { tpu, cpu } => match platform {
+                Platform::Tpu => tpu.as_ref(),
+                Platform::Cpu | Platform::Cuda => cpu.as_ref(),
+            },
+        }
+    }
+
+    /// The output types for `sig`, computed by the output rule without building the module
+    /// (unless the rule is [`OutputRule::Build`]).
+    pub fn output_types(&self, sig: &KernelSignature) -> Result<Vec<TensorType>, String> {
+        match self.output {
+            OutputRule::Specs(specs) => specs.iter().map(|s| s.eval(sig)).collect(),
+            OutputRule::Fn(f) => f(sig),
+            OutputRule::Build => {
+                self.emit(sig).map(|m| m.main().results.clone()).map_err(|e| e.to_string())
+            }
+        }
     }
 }
 
@@ -451,7 +739,7 @@ pub fn registered() -> Vec<&'static KernelRegistration> {
 }
 
 /// Runs `body` over a fresh builder for `sig.inputs` and finishes with its results: the shape of
-/// every Rust kernel's `build` function.
+/// a hand-written Rust kernel's `build` function.
 pub fn build_with<F>(name: &str, sig: &KernelSignature, body: F) -> Result<Module, BuildError>
 where
     F: for<'b> FnOnce(
@@ -463,4 +751,113 @@ where
     let args = b.args();
     let results = body(&b, &args)?;
     b.finish(&results)
+}
+
+/// What the code `#[tpu_kernel]` generates calls. Not a stable API; reached through
+/// `tpu_kernels::__private`.
+#[doc(hidden)]
+pub mod macro_support {
+    use super::{KernelRegistration, KernelSignature, StaticKind, StaticValue};
+    use crate::{BuildError, ErrorKind, KernelBuilder, Module, Tensor};
+
+    /// A Rust type a static parameter can have.
+    pub trait StaticArg<'s>: Sized {
+        const KIND: StaticKind;
+        fn from_value(value: &'s StaticValue) -> Option<Self>;
+    }
+
+    impl StaticArg<'_> for i64 {
+        const KIND: StaticKind = StaticKind::Int;
+        fn from_value(value: &StaticValue) -> Option<i64> {
+            match value {
+                StaticValue::Int(v) => Some(*v),
+                _ => None,
+            }
+        }
+    }
+
+    impl StaticArg<'_> for f64 {
+        const KIND: StaticKind = StaticKind::Float;
+        fn from_value(value: &StaticValue) -> Option<f64> {
+            match value {
+                StaticValue::Float(v) => Some(*v),
+                StaticValue::Int(v) => Some(*v as f64),
+                _ => None,
+            }
+        }
+    }
+
+    impl StaticArg<'_> for bool {
+        const KIND: StaticKind = StaticKind::Bool;
+        fn from_value(value: &StaticValue) -> Option<bool> {
+            match value {
+                StaticValue::Bool(v) => Some(*v),
+                _ => None,
+            }
+        }
+    }
+
+    impl<'s> StaticArg<'s> for &'s str {
+        const KIND: StaticKind = StaticKind::Str;
+        fn from_value(value: &'s StaticValue) -> Option<&'s str> {
+            match value {
+                StaticValue::Str(v) => Some(v),
+                _ => None,
+            }
+        }
+    }
+
+    fn signature_error(kernel: &str, message: String) -> BuildError {
+        BuildError { kernel: kernel.to_owned(), op: "func.func", kind: ErrorKind::Axis, message }
+    }
+
+    /// The value of static parameter `name` in `sig`, or its default.
+    pub fn static_arg<'s, T: StaticArg<'s>>(
+        reg: &KernelRegistration,
+        sig: &'s KernelSignature,
+        name: &str,
+        default: &'s Option<StaticValue>,
+    ) -> Result<T, BuildError> {
+        let value = sig.get(name).or(default.as_ref()).ok_or_else(|| {
+            signature_error(reg.name, format!("static argument `{name}` not given"))
+        })?;
+        T::from_value(value).ok_or_else(|| {
+            signature_error(
+                reg.name,
+                format!("static argument `{name}` is `{value}`, expected {:?}", T::KIND),
+            )
+        })
+    }
+
+    /// The default of static parameter `name`, parsed.
+    pub fn static_default(reg: &KernelRegistration, name: &str) -> Option<StaticValue> {
+        let p = reg.static_param(name)?;
+        StaticValue::parse(p.kind, p.default?).ok()
+    }
+
+    /// Checks the arity, traces `body` over a fresh builder and finishes the module.
+    pub fn trace<F>(
+        reg: &KernelRegistration,
+        sig: &KernelSignature,
+        body: F,
+    ) -> Result<Module, BuildError>
+    where
+        F: for<'b> FnOnce(&[Tensor<'b>]) -> Result<Vec<Tensor<'b>>, BuildError>,
+    {
+        if sig.inputs.len() != reg.inputs.len() {
+            return Err(signature_error(
+                reg.name,
+                format!(
+                    "takes {} tensors ({}), signature gives {}",
+                    reg.inputs.len(),
+                    reg.inputs.join(", "),
+                    sig.inputs.len()
+                ),
+            ));
+        }
+        let b = KernelBuilder::new(reg.name, &sig.inputs);
+        let args = b.args();
+        let results = body(&args)?;
+        b.finish(&results)
+    }
 }

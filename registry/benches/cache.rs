@@ -12,7 +12,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use tpu_kernels::{Platform, registered};
+use tpu_kernels::registered;
+use tpu_kernels::registration::Platform;
 use tpu_kernels_registry::cache::{CacheConfig, CompileCache, Outcome};
 use tpu_kernels_registry::pjrt::{Client, ClientOptions, CompileOptions, Plugin, Program};
 
@@ -54,7 +55,12 @@ fn fresh_client(plugin: &Plugin) -> Client {
 }
 
 /// Loads every program through a fresh cache over `dir` on a fresh client; checks each outcome.
-fn load_all(plugin: &Plugin, dir: &std::path::Path, programs: &[(String, Program)], want: Outcome) -> Duration {
+fn load_all(
+    plugin: &Plugin,
+    dir: &std::path::Path,
+    programs: &[(String, Program)],
+    want: Outcome,
+) -> Duration {
     let client = fresh_client(plugin);
     let cache = CompileCache::new(CacheConfig::in_dir(dir));
     let start = Instant::now();
@@ -124,8 +130,16 @@ fn main() {
     let (cold, warm) = (median(cold), median(warm));
     let ratio = cold.as_secs_f64() / warm.as_secs_f64();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!("\n== compile cache: whole library ({} kernels, {} KiB on disk) ==", programs.len(), bytes / 1024);
-    println!("{:<58} {:>10.1} ms", "cold: compile all (through the cache, empty directory)", ms(cold));
+    println!(
+        "\n== compile cache: whole library ({} kernels, {} KiB on disk) ==",
+        programs.len(),
+        bytes / 1024
+    );
+    println!(
+        "{:<58} {:>10.1} ms",
+        "cold: compile all (through the cache, empty directory)",
+        ms(cold)
+    );
     println!("{:<58} {:>10.1} ms", "warm: load all from disk (fresh cache and client)", ms(warm));
     println!(
         "{:<58} {:>10.1} x   (target >= 20x: {})",

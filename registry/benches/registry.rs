@@ -82,7 +82,7 @@ fn main() {
     };
     let contiguous = [true, true];
     let call = CallMeta { sig: &sig, contiguous: &contiguous, platform: Platform::Cpu };
-    assert_eq!(index.select("bench::op42.default", &call).unwrap().name(), "k42_7");
+    assert_eq!(index.select("bench::op42.default", &call).expect("selects").name(), "k42_7");
 
     let mut c = Criterion::default().configure_from_args();
     c.bench_function("select_among_1000", |b| {

@@ -331,20 +331,9 @@ impl StaticSplit {
         Some(
             self.values
                 .iter()
-                .find(|(v, _)| static_matches(value, v))
+                .find(|(v, _)| value.matches_text(v))
                 .map_or(self.others.as_slice(), |(_, idx)| idx.as_slice()),
         )
-    }
-}
-
-/// Whether `value` may equal the guard text `text` (never false when the guard would accept;
-/// the guard itself decides).
-fn static_matches(value: &StaticValue, text: &str) -> bool {
-    match value {
-        StaticValue::Str(s) => s == text,
-        StaticValue::Int(i) => text.parse::<i64>() == Ok(*i),
-        StaticValue::Float(f) => text.parse::<f64>() == Ok(*f),
-        StaticValue::Bool(b) => text == if *b { "true" } else { "false" },
     }
 }
 

@@ -4,6 +4,7 @@
 //! and repairs what can be repaired.
 //!
 //! Skips loudly without the plugin; fails under `TPUK_REQUIRE_RUNTIMES=1`.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 use std::path::{Path, PathBuf};
 
@@ -110,10 +111,12 @@ fn flipped_payload_byte_is_a_checksum_error() {
     corrupt_case(
         &client,
         "flipped byte",
-        |_, p| edit(p, |b| {
-            let mid = entry::HEADER_LEN + (b.len() - entry::HEADER_LEN) / 2;
-            b[mid] ^= 0x5a;
-        }),
+        |_, p| {
+            edit(p, |b| {
+                let mid = entry::HEADER_LEN + (b.len() - entry::HEADER_LEN) / 2;
+                b[mid] ^= 0x5a;
+            })
+        },
         |r| *r == CorruptReason::Checksum,
     );
 }
@@ -133,9 +136,12 @@ fn truncated_entries_are_detected() {
         |_, p| edit(p, |b| b.truncate(40)),
         |r| *r == CorruptReason::TooShort { len: 40 },
     );
-    corrupt_case(&client, "empty file", |_, p| edit(p, Vec::clear), |r| {
-        *r == CorruptReason::TooShort { len: 0 }
-    });
+    corrupt_case(
+        &client,
+        "empty file",
+        |_, p| edit(p, Vec::clear),
+        |r| *r == CorruptReason::TooShort { len: 0 },
+    );
     corrupt_case(
         &client,
         "appended bytes",
@@ -147,9 +153,12 @@ fn truncated_entries_are_detected() {
 #[test]
 fn wrong_magic_and_stale_version_are_detected() {
     let Some(client) = cpu_client_for_tests(1) else { return };
-    corrupt_case(&client, "wrong magic", |_, p| edit(p, |b| b[..8].copy_from_slice(b"GARBAGE!")), |r| {
-        *r == CorruptReason::BadMagic
-    });
+    corrupt_case(
+        &client,
+        "wrong magic",
+        |_, p| edit(p, |b| b[..8].copy_from_slice(b"GARBAGE!")),
+        |r| *r == CorruptReason::BadMagic,
+    );
     corrupt_case(
         &client,
         "stale version",

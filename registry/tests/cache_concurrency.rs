@@ -7,6 +7,7 @@
 //! `child_process_worker` from a no-op into a worker.
 //!
 //! Skips loudly without the plugin; fails under `TPUK_REQUIRE_RUNTIMES=1`.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -57,7 +58,7 @@ fn hammer(client: &Client, dir: &Path, worker: usize, rounds: usize) {
         let cache = disk_only(dir);
         for p in 0..PROGRAMS {
             let c = p as f32;
-            if (round + worker + p) % 3 == 0 {
+            if (round + worker + p).is_multiple_of(3) {
                 let key = cache.key(client, &program(c), &CompileOptions::new());
                 cache.remove(client, &key).unwrap();
             }

@@ -2,6 +2,7 @@
 //! from disk with correct numerics, keys, the memory and disk bounds.
 //!
 //! Skips loudly without the plugin; fails under `TPUK_REQUIRE_RUNTIMES=1`.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 use std::path::Path;
 use std::sync::Arc;
@@ -161,13 +162,25 @@ fn memory_tier_is_a_bounded_lru() {
         cache.get_or_compile(&client, &program(c), &opts).unwrap();
     }
     // Touch 1.0 so that 2.0 is the least recently used, then add 3.0.
-    assert_eq!(cache.get_or_compile(&client, &program(1.0), &opts).unwrap().outcome, Outcome::MemoryHit);
+    assert_eq!(
+        cache.get_or_compile(&client, &program(1.0), &opts).unwrap().outcome,
+        Outcome::MemoryHit
+    );
     cache.get_or_compile(&client, &program(3.0), &opts).unwrap();
     assert_eq!(cache.memory_len(), 2);
     assert_eq!(cache.stats().memory_evictions, 1);
-    assert_eq!(cache.get_or_compile(&client, &program(1.0), &opts).unwrap().outcome, Outcome::MemoryHit);
-    assert_eq!(cache.get_or_compile(&client, &program(3.0), &opts).unwrap().outcome, Outcome::MemoryHit);
-    assert_eq!(cache.get_or_compile(&client, &program(2.0), &opts).unwrap().outcome, Outcome::Compiled);
+    assert_eq!(
+        cache.get_or_compile(&client, &program(1.0), &opts).unwrap().outcome,
+        Outcome::MemoryHit
+    );
+    assert_eq!(
+        cache.get_or_compile(&client, &program(3.0), &opts).unwrap().outcome,
+        Outcome::MemoryHit
+    );
+    assert_eq!(
+        cache.get_or_compile(&client, &program(2.0), &opts).unwrap().outcome,
+        Outcome::Compiled
+    );
 
     // memory_entries = 0 turns the memory tier off.
     let none = CompileCache::new(CacheConfig::memory_only(0));

@@ -12,7 +12,7 @@ use tpu_kernels_registry::{DispatchError, Dispatcher, FallbackReason, HostTensor
 fn dispatcher() -> Option<Dispatcher> {
     let client = cpu_client_for_tests(1)?;
     let cache = Arc::new(CompileCache::new(CacheConfig::memory_only(64)));
-    Some(Dispatcher::new(Registry::global().unwrap(), client, cache).unwrap())
+    Some(Dispatcher::new(Registry::global().expect("registry"), client, cache).expect("dispatcher"))
 }
 
 /// Deterministic values in [-3, 3).
@@ -43,7 +43,7 @@ fn run(
         .map(|((ty, _), data)| HostTensor { ty, data, contiguous: true })
         .collect();
     let out = d.call(op, &host, statics).unwrap_or_else(|e| panic!("{op}: {e}"));
-    out.iter().map(|b| b.to_vec::<f32>().unwrap()).collect()
+    out.iter().map(|b| b.to_vec::<f32>().expect("f32 output")).collect()
 }
 
 fn max_err(got: &[f32], want: &[f64]) -> f64 {

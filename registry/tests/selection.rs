@@ -26,7 +26,7 @@ fn kernel(record: KernelRegistration) -> Kernel {
 
 fn sig(inputs: &[&str], statics: &[(&'static str, StaticValue)]) -> KernelSignature {
     KernelSignature {
-        inputs: inputs.iter().map(|s| TensorType::parse_short(s).unwrap()).collect(),
+        inputs: inputs.iter().map(|s| TensorType::parse_short(s).expect("valid type")).collect(),
         statics: statics.to_vec(),
     }
 }

@@ -81,8 +81,8 @@ impl DiskTier {
             .map_err(|source| CacheError::CreateDir { dir: self.dir.clone(), source })?;
         let path = self.path(key);
         let temp = self.dir.join(temp_name(key));
-        let written = write_new(&temp, &entry::encode(key, payload))
-            .and_then(|()| fs::rename(&temp, &path));
+        let written =
+            write_new(&temp, &entry::encode(key, payload)).and_then(|()| fs::rename(&temp, &path));
         if let Err(source) = written {
             // Leave nothing behind: a half-written temporary file is garbage.
             let _ = fs::remove_file(&temp);
@@ -179,9 +179,8 @@ fn is_absent(e: &io::Error) -> bool {
 fn temp_name(key: &CacheKey) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    let nanos =
+        SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     let hex = key.to_hex();
     format!("{TEMP_PREFIX}{}-{}-{n}-{nanos:08x}", &hex[..16], std::process::id())
 }

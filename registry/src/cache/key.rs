@@ -118,8 +118,7 @@ fn module_bytes(program: &Program) -> Cow<'_, [u8]> {
     if program.is_bytecode() {
         return Cow::Owned([b"raw:".as_slice(), raw].concat());
     }
-    match std::str::from_utf8(raw).ok().and_then(|t| tpu_kernels::reader::strip_locations(t).ok())
-    {
+    match std::str::from_utf8(raw).ok().and_then(|t| tpu_kernels::reader::strip_locations(t).ok()) {
         Some(stripped) => {
             // MLIR string literals cannot span lines, so indentation, trailing blanks and blank
             // lines are never significant: drop them too.

@@ -14,7 +14,8 @@ pub(crate) fn client_id(client: &Client) -> ClientId {
     Arc::as_ptr(&client.inner) as usize
 }
 
-type MemKey = (CacheKey, ClientId);
+/// The memory tier's key: executables are per client.
+pub(crate) type MemKey = (CacheKey, ClientId);
 
 /// A least-recently-used map with O(log n) touch and eviction.
 #[derive(Debug)]

@@ -61,7 +61,7 @@ pub use key::{CacheKey, KEY_VERSION};
 
 use crate::pjrt::{self, Client, CompileOptions, LoadedExecutable, Program};
 use disk::DiskTier;
-use memory::{ClientId, Lru, client_id};
+use memory::{Lru, MemKey, client_id};
 
 /// The default number of executables kept in memory.
 pub const DEFAULT_MEMORY_ENTRIES: usize = 512;
@@ -222,6 +222,9 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// Held by the one caller looking up or compiling a (key, client) while others wait on it.
+type FlightLock = Arc<Mutex<()>>;
+
 /// Compiled executables by content fingerprint, in memory and on disk. `Send + Sync`: share one
 /// (for example [`CompileCache::shared`]) between all threads; concurrent calls for the same key
 /// and client compile once, the others wait for that result.
@@ -231,7 +234,7 @@ pub struct CompileCache {
     memory: Mutex<Lru>,
     disk: Option<DiskTier>,
     /// One lock per (key, client) being looked up or compiled right now (single flight).
-    in_flight: Mutex<HashMap<(CacheKey, ClientId), Arc<Mutex<()>>>>,
+    in_flight: Mutex<HashMap<MemKey, FlightLock>>,
     counters: Counters,
     last_error: Mutex<Option<Arc<CacheError>>>,
 }
@@ -331,7 +334,9 @@ impl CompileCache {
                     }
                     Err(e) => {
                         let reason = CorruptReason::Deserialize { message: e.to_string() };
-                        errors.push(self.record(CacheError::Corrupt { path: disk.path(&key), reason }));
+                        errors.push(
+                            self.record(CacheError::Corrupt { path: disk.path(&key), reason }),
+                        );
                     }
                 },
                 Ok(None) => {}

@@ -9,14 +9,29 @@ use super::model::{Arg, Graph, GraphError, Node, TensorRef};
 use super::table::{self, Cx, Fail};
 
 /// Chooses a registered kernel for a node, or declines so the default table lowers it.
-///
-/// The module returned is inlined as a private function reached by `func.call`: its `@main`
-/// becomes a function named after the module (renamed `name_1`, `name_2`, ... when two different
-/// modules share a name), and it is called with the node's tensor arguments in
-/// [`OpCall::tensor_args`] order. Its results must have the node's output types. A module made
-/// only of text functions (an imported kernel) works when one of them carries the module's name.
 pub trait KernelResolver {
-    fn resolve(&self, call: &OpCall<'_>) -> Option<Module>;
+    fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall>;
+}
+
+/// A node bound to a kernel: the kernel's module and the node's tensors it takes.
+///
+/// The module is inlined as a private function reached by `func.call`: its `@main` becomes a
+/// function named after the module (renamed `name_1`, `name_2`, ... when two different modules
+/// share a name). A module made only of text functions (an imported kernel) works when one of
+/// them carries the module's name. Its results must have the node's output types.
+#[derive(Clone, Debug)]
+pub struct KernelCall {
+    pub module: Module,
+    /// The kernel's tensor arguments, in its parameter order; each one of the node's tensor
+    /// arguments ([`OpCall::tensor_args`]).
+    pub args: Vec<TensorRef>,
+}
+
+impl KernelCall {
+    /// A call that passes the node's tensor arguments in [`OpCall::tensor_args`] order.
+    pub fn in_order(module: Module, call: &OpCall<'_>) -> KernelCall {
+        KernelCall { module, args: call.tensor_args().into_iter().cloned().collect() }
+    }
 }
 
 /// The resolver that never picks a kernel: every node goes through the default table.
@@ -24,7 +39,7 @@ pub trait KernelResolver {
 pub struct NoKernels;
 
 impl KernelResolver for NoKernels {
-    fn resolve(&self, _call: &OpCall<'_>) -> Option<Module> {
+    fn resolve(&self, _call: &OpCall<'_>) -> Option<KernelCall> {
         None
     }
 }
@@ -101,8 +116,16 @@ pub enum LowerError {
     #[error("node `{node}` ({op}): {message}")]
     BadArgs { node: String, op: String, message: String },
     /// A lowered result whose type differs from the node's output metadata.
-    #[error("node `{node}` ({op}): output {output} lowers to {found}, but the graph says {expected}")]
-    TypeMismatch { node: String, op: String, output: usize, expected: TensorType, found: TensorType },
+    #[error(
+        "node `{node}` ({op}): output {output} lowers to {found}, but the graph says {expected}"
+    )]
+    TypeMismatch {
+        node: String,
+        op: String,
+        output: usize,
+        expected: TensorType,
+        found: TensorType,
+    },
     #[error("node `{node}` ({op}): lowers to {found} outputs, but the graph lists {expected}")]
     OutputCount { node: String, op: String, expected: usize, found: usize },
     /// The builder rejected an op while lowering a node.
@@ -121,7 +144,7 @@ fn describe_unsupported(ops: &[String], nodes: &[String]) -> String {
 }
 
 enum Plan {
-    Kernel(Module),
+    Kernel(KernelCall),
     Table(table::LowerFn),
 }
 
@@ -135,8 +158,16 @@ pub fn lower(graph: &Graph, resolver: &dyn KernelResolver) -> Result<Module, Low
     let mut unsupported: BTreeMap<&str, &str> = BTreeMap::new();
     for node in &graph.nodes {
         let call = OpCall::new(graph, node);
-        if let Some(module) = resolver.resolve(&call) {
-            plans.push(Some(Plan::Kernel(module)));
+        if let Some(kernel) = resolver.resolve(&call) {
+            let takes = tensor_args(node);
+            if let Some(r) = kernel.args.iter().find(|r| !takes.contains(r)) {
+                return Err(LowerError::BadArgs {
+                    node: node.name.clone(),
+                    op: node.op.clone(),
+                    message: format!("the resolver binds {r}, which the node does not take"),
+                });
+            }
+            plans.push(Some(Plan::Kernel(kernel)));
         } else if let Some(f) = table::lookup(&node.op) {
             plans.push(Some(Plan::Table(f)));
         } else {
@@ -166,10 +197,9 @@ pub fn lower(graph: &Graph, resolver: &dyn KernelResolver) -> Result<Module, Low
             source,
         };
         let results = match plan {
-            Some(Plan::Kernel(module)) => {
-                let args: Vec<Tensor<'_>> =
-                    tensor_args(node).iter().map(|r| lookup(&env, r)).collect();
-                let module = callees.place(module);
+            Some(Plan::Kernel(kernel)) => {
+                let args: Vec<Tensor<'_>> = kernel.args.iter().map(|r| lookup(&env, r)).collect();
+                let module = callees.place(kernel.module);
                 b.call(&module, &args).map_err(node_err)?
             }
             Some(Plan::Table(f)) => {
@@ -194,7 +224,8 @@ pub fn lower(graph: &Graph, resolver: &dyn KernelResolver) -> Result<Module, Low
         check_outputs(node, &results)?;
         env.insert(&node.name, results);
     }
-    let outputs: Vec<Tensor<'_>> = graph.outputs.iter().flatten().map(|r| lookup(&env, r)).collect();
+    let outputs: Vec<Tensor<'_>> =
+        graph.outputs.iter().flatten().map(|r| lookup(&env, r)).collect();
     Ok(b.finish(&outputs)?)
 }
 
@@ -228,12 +259,13 @@ fn check_outputs(node: &Node, results: &[Tensor<'_>]) -> Result<(), LowerError> 
     Ok(())
 }
 
-/// Names of the kernel functions already inlined, so that two different modules under one name
-/// (one kernel at two signatures) get distinct symbols.
+/// The kernel functions already inlined, so that two different modules under one name (one
+/// kernel at two signatures) get distinct symbols and a repeated one reuses its symbol.
 #[derive(Default)]
 struct Callees {
-    /// Function name -> the function as inlined (private, main renamed).
-    functions: BTreeMap<String, Function>,
+    /// (name in its own module, name in the lowered module, the function as inlined with its
+    /// own names: private, `@main` renamed after the module).
+    placed: Vec<(String, String, Function)>,
 }
 
 impl Callees {
@@ -248,36 +280,47 @@ impl Callees {
         }
         let mut renames: BTreeMap<String, String> = BTreeMap::new();
         for f in &module.functions {
-            if self.functions.get(&f.name).is_some_and(|g| g != f) {
-                let fresh = (1..)
-                    .map(|k| format!("{}_{k}", f.name))
-                    .find(|n| !self.functions.contains_key(n) && !renames.values().any(|v| v == n))
-                    .unwrap_or_default();
-                renames.insert(f.name.clone(), fresh);
+            let same = self.placed.iter().find(|(own, _, g)| *own == f.name && g == f);
+            let assigned = match same {
+                Some((_, assigned, _)) => assigned.clone(),
+                None => {
+                    let taken = |n: &str| self.placed.iter().any(|(_, a, _)| a == n);
+                    let fresh = if taken(&f.name) {
+                        (1..)
+                            .map(|k| format!("{}_{k}", f.name))
+                            .find(|n| !taken(n))
+                            .unwrap_or_default()
+                    } else {
+                        f.name.clone()
+                    };
+                    self.placed.push((f.name.clone(), fresh.clone(), f.clone()));
+                    fresh
+                }
+            };
+            if assigned != f.name {
+                renames.insert(f.name.clone(), assigned);
             }
         }
-        if !renames.is_empty() {
-            for f in &mut module.functions {
-                if let Some(new) = renames.get(&f.name) {
-                    f.name.clone_from(new);
-                }
-                for region in &mut f.regions {
-                    for instr in &mut region.instrs {
-                        if let Op::Call { callee, .. } | Op::Composite { decomposition: callee, .. } =
-                            &mut instr.op
-                            && let Some(new) = renames.get(callee)
-                        {
-                            callee.clone_from(new);
-                        }
+        if renames.is_empty() {
+            return module;
+        }
+        for f in &mut module.functions {
+            if let Some(new) = renames.get(&f.name) {
+                f.name.clone_from(new);
+            }
+            for region in &mut f.regions {
+                for instr in &mut region.instrs {
+                    if let Op::Call { callee, .. } | Op::Composite { decomposition: callee, .. } =
+                        &mut instr.op
+                        && let Some(new) = renames.get(callee)
+                    {
+                        callee.clone_from(new);
                     }
                 }
             }
-            if let Some(new) = renames.get(&module.name) {
-                module.name.clone_from(new);
-            }
         }
-        for f in &module.functions {
-            self.functions.entry(f.name.clone()).or_insert_with(|| f.clone());
+        if let Some(new) = renames.get(&module.name) {
+            module.name.clone_from(new);
         }
         module
     }

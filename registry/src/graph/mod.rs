@@ -61,7 +61,7 @@ mod model;
 mod resolve;
 mod table;
 
-pub use lower::{KernelResolver, LowerError, NoKernels, OpCall, lower};
+pub use lower::{KernelCall, KernelResolver, LowerError, NoKernels, OpCall, lower};
 pub use model::{Arg, FORMAT_VERSION, Graph, GraphError, Input, Node, TensorRef, dtype_from_torch};
 pub use resolve::RegisteredKernels;
 pub use table::supported_ops;

@@ -195,7 +195,9 @@ pub enum GraphError {
     #[error("graph node `{node}`: {reference} is not an input or an earlier node")]
     DanglingRef { node: String, reference: String },
     /// A reference to an output index the node does not have.
-    #[error("graph node `{node}`: {reference} refers to output {index}, but `{target}` has {count}")]
+    #[error(
+        "graph node `{node}`: {reference} refers to output {index}, but `{target}` has {count}"
+    )]
     NoSuchOutput { node: String, reference: String, target: String, index: usize, count: usize },
 }
 
@@ -227,7 +229,8 @@ impl Graph {
             })?;
             nodes.push(node);
         }
-        let graph = Graph { version: raw.version, name: raw.name, inputs, nodes, outputs: raw.outputs };
+        let graph =
+            Graph { version: raw.version, name: raw.name, inputs, nodes, outputs: raw.outputs };
         graph.validate()?;
         Ok(graph)
     }
@@ -250,28 +253,24 @@ impl Graph {
                 return Err(GraphError::DuplicateName { name: input.name.clone() });
             }
         }
-        let check = |node: &str, r: &TensorRef, outputs: &BTreeMap<&str, usize>| {
-            match outputs.get(r.node.as_str()) {
-                None => Err(GraphError::DanglingRef {
-                    node: node.to_owned(),
-                    reference: r.to_string(),
-                }),
-                Some(&count) if r.output >= count => Err(GraphError::NoSuchOutput {
-                    node: node.to_owned(),
-                    reference: r.to_string(),
-                    target: r.node.clone(),
-                    index: r.output,
-                    count,
-                }),
-                Some(_) => Ok(()),
+        let check = |node: &str, r: &TensorRef, outputs: &BTreeMap<&str, usize>| match outputs
+            .get(r.node.as_str())
+        {
+            None => {
+                Err(GraphError::DanglingRef { node: node.to_owned(), reference: r.to_string() })
             }
+            Some(&count) if r.output >= count => Err(GraphError::NoSuchOutput {
+                node: node.to_owned(),
+                reference: r.to_string(),
+                target: r.node.clone(),
+                index: r.output,
+                count,
+            }),
+            Some(_) => Ok(()),
         };
         for (index, node) in self.nodes.iter().enumerate() {
-            let bad = |message: String| GraphError::BadNode {
-                node: node.name.clone(),
-                index,
-                message,
-            };
+            let bad =
+                |message: String| GraphError::BadNode { node: node.name.clone(), index, message };
             if node.name.is_empty() {
                 return Err(bad("empty node name".to_owned()));
             }

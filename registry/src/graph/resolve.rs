@@ -1,16 +1,21 @@
 //! A resolver over the kernels linked into the binary, straight from their registrations.
 //!
-//! It binds a node to a kernel the simple way: the node's tensor arguments in order are the
-//! kernel's inputs, and each of the kernel's static parameters takes the node's argument of the
-//! same name (a keyword, or a positional one through `Node::arg_names`), else the next
-//! non-tensor positional argument, else its default. The registry's dispatcher does the real
-//! selection (guards, priorities, platforms); this one serves tests and tools.
+//! Binding a node to a kernel: when the registration carries schema bindings (`#[tpu_kernel]`
+//! records do), each kernel parameter takes the node's argument of that schema name (a keyword)
+//! or position. Without bindings, the node's tensor arguments in order are the kernel's inputs
+//! and each static parameter takes the argument of its name (a keyword, or a positional one
+//! through `Node::arg_names`), else the next non-tensor positional argument. A static left
+//! without a value takes its default. Among the kernels that accept the call, the highest
+//! priority wins, then the first by name. The registry's dispatcher does the real selection
+//! (platforms, ambiguity, fallbacks); this one serves tests and tools.
 
-use tpu_kernels::registration::{KernelRegistration, KernelSignature, StaticKind, StaticValue};
-use tpu_kernels::{Module, registered};
+use tpu_kernels::registration::{
+    BindingKind, KernelRegistration, KernelSignature, StaticKind, StaticValue,
+};
+use tpu_kernels::{TensorType, registered};
 
-use super::lower::{KernelResolver, OpCall};
-use super::model::Arg;
+use super::lower::{KernelCall, KernelResolver, OpCall};
+use super::model::{Arg, TensorRef};
 
 /// Resolves nodes to registered kernels (all of them, or the named ones).
 #[derive(Clone, Debug)]
@@ -30,42 +35,102 @@ impl RegisteredKernels {
         RegisteredKernels { kernels }
     }
 
-    /// The signature `kernel` would be called with for `call`, or why it cannot be.
-    pub fn signature(
+    /// The kernels this resolver chooses from, sorted by name.
+    pub fn kernels(&self) -> &[&'static KernelRegistration] {
+        &self.kernels
+    }
+
+    /// How `kernel` would be called for `call`: its signature and the node's tensors it takes,
+    /// or why it cannot be.
+    pub fn bind(
         kernel: &KernelRegistration,
         call: &OpCall<'_>,
-    ) -> Result<KernelSignature, String> {
-        let mut positional = call.static_args().into_iter();
+    ) -> Result<(KernelSignature, Vec<TensorRef>), String> {
+        let by_schema = |name: &str, position: usize| -> Option<&Arg> {
+            call.node.kwargs.get(name).or_else(|| call.node.args.get(position))
+        };
         let mut statics = Vec::with_capacity(kernel.statics.len());
-        for p in kernel.statics {
-            let arg = match call.arg(p.name) {
-                Some(a) => Some(a),
-                None if call.node.arg_names.is_empty() => positional.next(),
-                None => None,
-            };
-            let value = match arg {
-                Some(Arg::None) | None => match p.default {
-                    Some(text) => StaticValue::parse(p.kind, text)?,
-                    None => return Err(format!("no value for static `{}`", p.name)),
-                },
-                Some(a) => static_value(p.kind, a)
-                    .ok_or_else(|| format!("static `{}` cannot take a {}", p.name, a.kind()))?,
-            };
-            statics.push((p.name, value));
-        }
-        Ok(KernelSignature { inputs: call.inputs.clone(), statics })
+        let (inputs, refs): (Vec<TensorType>, Vec<TensorRef>) = if kernel.bindings.is_empty() {
+            let mut positional = call.static_args().into_iter();
+            for p in kernel.statics {
+                let arg = match call.arg(p.name) {
+                    Some(a) => Some(a),
+                    None if call.node.arg_names.is_empty() => positional.next(),
+                    None => None,
+                };
+                statics.push((p.name, static_of(p.name, p.kind, p.default, arg)?));
+            }
+            let refs: Vec<TensorRef> = call.tensor_args().into_iter().cloned().collect();
+            (call.inputs.clone(), refs)
+        } else {
+            let mut tensors: Vec<Option<TensorRef>> = vec![None; kernel.inputs.len()];
+            let mut values: Vec<Option<StaticValue>> = vec![None; kernel.statics.len()];
+            for b in kernel.bindings {
+                let arg = by_schema(b.name, b.position);
+                match b.kind {
+                    BindingKind::Tensor { index } => match (arg, tensors.get_mut(index)) {
+                        (Some(Arg::Tensor(r)), Some(slot)) => *slot = Some(r.clone()),
+                        (other, _) => {
+                            let got = other.map_or("nothing", Arg::kind);
+                            return Err(format!("`{}` must be a tensor, got {got}", b.name));
+                        }
+                    },
+                    BindingKind::Static { index } => {
+                        let Some(p) = kernel.statics.get(index) else {
+                            return Err(format!("binding `{}` names no static parameter", b.name));
+                        };
+                        values[index] = Some(static_of(p.name, p.kind, p.default, arg)?);
+                    }
+                }
+            }
+            for (p, v) in kernel.statics.iter().zip(values) {
+                let v = match v {
+                    Some(v) => v,
+                    None => static_of(p.name, p.kind, p.default, None)?,
+                };
+                statics.push((p.name, v));
+            }
+            let refs = tensors
+                .into_iter()
+                .zip(kernel.inputs)
+                .map(|(r, name)| r.ok_or_else(|| format!("no tensor for input `{name}`")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let types = refs
+                .iter()
+                .map(|r| {
+                    let i = call.tensor_args().iter().position(|t| *t == r);
+                    i.and_then(|i| call.inputs.get(i).cloned())
+                        .ok_or_else(|| format!("no type for {r}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (types, refs)
+        };
+        Ok((KernelSignature { inputs, statics }, refs))
     }
 }
 
-fn static_value(kind: StaticKind, arg: &Arg) -> Option<StaticValue> {
-    Some(match (kind, arg) {
-        (StaticKind::Int, Arg::Int(v)) => StaticValue::Int(*v),
-        (StaticKind::Float, Arg::Float(v)) => StaticValue::Float(*v),
-        (StaticKind::Float, Arg::Int(v)) => StaticValue::Float(*v as f64),
-        (StaticKind::Bool, Arg::Bool(v)) => StaticValue::Bool(*v),
-        (StaticKind::Str, Arg::String(v)) => StaticValue::Str(v.clone()),
-        _ => return None,
-    })
+/// The value of static `name` from `arg`, or its default.
+fn static_of(
+    name: &str,
+    kind: StaticKind,
+    default: Option<&str>,
+    arg: Option<&Arg>,
+) -> Result<StaticValue, String> {
+    let value = match (kind, arg) {
+        (_, None | Some(Arg::None)) => {
+            return match default {
+                Some(text) => StaticValue::parse(kind, text),
+                None => Err(format!("no value for static `{name}`")),
+            };
+        }
+        (StaticKind::Int, Some(Arg::Int(v))) => StaticValue::Int(*v),
+        (StaticKind::Float, Some(Arg::Float(v))) => StaticValue::Float(*v),
+        (StaticKind::Float, Some(Arg::Int(v))) => StaticValue::Float(*v as f64),
+        (StaticKind::Bool, Some(Arg::Bool(v))) => StaticValue::Bool(*v),
+        (StaticKind::Str, Some(Arg::String(v))) => StaticValue::Str(v.clone()),
+        (_, Some(a)) => return Err(format!("static `{name}` cannot take a {}", a.kind())),
+    };
+    Ok(value)
 }
 
 /// Whether `registered` (`aten::gelu` or `aten::gelu.default`) names the overload `op`.
@@ -74,21 +139,22 @@ fn names_op(registered: &str, op: &str) -> bool {
 }
 
 impl KernelResolver for RegisteredKernels {
-    fn resolve(&self, call: &OpCall<'_>) -> Option<Module> {
-        let mut best: Option<(&KernelRegistration, KernelSignature)> = None;
+    fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall> {
+        let mut best: Option<(&KernelRegistration, KernelSignature, Vec<TensorRef>)> = None;
         for k in &self.kernels {
             if !k.ops.iter().any(|o| names_op(o, call.op())) {
                 continue;
             }
-            let Ok(sig) = Self::signature(k, call) else { continue };
+            let Ok((sig, refs)) = Self::bind(k, call) else { continue };
             if k.accepts(&sig).is_err() {
                 continue;
             }
-            if best.as_ref().is_none_or(|(b, _)| k.priority > b.priority) {
-                best = Some((k, sig));
+            if best.as_ref().is_none_or(|(b, ..)| k.priority > b.priority) {
+                best = Some((k, sig, refs));
             }
         }
-        let (kernel, sig) = best?;
-        kernel.emit(&sig).ok()
+        let (kernel, sig, args) = best?;
+        let module = kernel.emit(&sig).ok()?;
+        Some(KernelCall { module, args })
     }
 }

@@ -368,7 +368,9 @@ impl Client {
     /// dtype at runtime (the dispatcher, DLPack tensors). The length must match exactly.
     pub fn buffer_from_bytes(&self, bytes: &[u8], ty: ElementType, dims: &[i64]) -> Result<Buffer> {
         let Some(size) = ty.size_in_bytes() else {
-            return Err(Error::HostData { message: format!("cannot upload elements of type {ty}") });
+            return Err(Error::HostData {
+                message: format!("cannot upload elements of type {ty}"),
+            });
         };
         let Some(count) = element_count(dims) else {
             return Err(Error::HostData { message: format!("invalid shape {dims:?}") });

@@ -242,7 +242,10 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::nll_loss_forward.default", nn::nll_loss_forward),
     ("aten::nll_loss_backward.default", nn::nll_loss_backward),
     ("aten::_scaled_dot_product_flash_attention_for_cpu.default", nn::sdpa_flash_cpu),
-    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward.default", nn::sdpa_flash_cpu_backward),
+    (
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
+        nn::sdpa_flash_cpu_backward,
+    ),
 ];
 
 // ----- the lowering context -----
@@ -452,7 +455,9 @@ impl<'a, 'b> Cx<'a, 'b> {
         match self.get(i, name) {
             Some(V::A(Arg::Dtype(d))) => match dtype_from_torch(d) {
                 Some(dt) => Ok(Some(dt)),
-                None => bad(format!("argument `{name}`: dtype `{d}` has no StableHLO element type")),
+                None => {
+                    bad(format!("argument `{name}`: dtype `{d}` has no StableHLO element type"))
+                }
             },
             Some(v) => self.wrong(name, "a dtype", v),
             None => Ok(None),
@@ -464,14 +469,6 @@ impl<'a, 'b> Cx<'a, 'b> {
             Some(V::A(Arg::String(s))) => Ok(Some(s.as_str())),
             Some(v) => self.wrong(name, "a string", v),
             None => Ok(None),
-        }
-    }
-
-    /// The metadata type of output `k` (for ops whose result type the arguments leave open).
-    pub(crate) fn out_type(&self, k: usize) -> R<&'a TensorType> {
-        match self.node.outputs.get(k) {
-            Some(t) => Ok(t),
-            None => bad(format!("the graph gives no type for output {k}")),
         }
     }
 }

@@ -157,11 +157,8 @@ pub(super) fn embedding_dense_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     if padding >= 0 {
         let p = scalar_const(b, idx.dtype(), Scalar::Int(padding))?;
         let keep = b.compare(Direction::Ne, idx, p)?;
-        let keep = b.broadcast_in_dim(
-            keep,
-            oh.ty(),
-            &(0..idx.rank() as i64).collect::<Vec<_>>(),
-        )?;
+        let keep =
+            b.broadcast_in_dim(keep, oh.ty(), &(0..idx.rank() as i64).collect::<Vec<_>>())?;
         oh = b.binary(BinaryOp::And, oh, keep)?;
     }
     let oh = convert(b, oh, g.dtype())?;
@@ -491,7 +488,13 @@ fn nll_parts<'b>(
     let batched = match (x.rank(), target.rank()) {
         (2, 1) => true,
         (1, 0) => false,
-        _ => return bad(format!("nll_loss takes self [N, C] with target [N] (or [C] with []), got {} and {}", x.ty(), target.ty())),
+        _ => {
+            return bad(format!(
+                "nll_loss takes self [N, C] with target [N] (or [C] with []), got {} and {}",
+                x.ty(),
+                target.ty()
+            ));
+        }
     };
     let classes = *dims_of(x)?.last().unwrap_or(&0);
     let target = if batched { target } else { b.reshape(target, Shape::of(&[1]))? };
@@ -501,7 +504,8 @@ fn nll_parts<'b>(
     let w = match weight {
         Some(w) => {
             let w = convert(b, w, dt)?;
-            let wide = b.broadcast_in_dim(w, TensorType::new(dt, Shape::of(&[n, classes])), &[1])?;
+            let wide =
+                b.broadcast_in_dim(w, TensorType::new(dt, Shape::of(&[n, classes])), &[1])?;
             pick_last(b, hit, wide)?
         }
         None => splat(b, TensorType::new(dt, Shape::of(&[n])), Scalar::Int(1))?,
@@ -531,7 +535,12 @@ pub(super) fn nll_loss_forward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let rows = if parts.batched { x } else { b.reshape(x, Shape::of(&[1, dims_of(x)?[0]]))? };
     let picked = pick_last(b, parts.hit, rows)?;
     let loss = b.unary(UnaryOp::Negate, b.binary(BinaryOp::Multiply, picked, parts.weight)?)?;
-    let total = reduce(b, parts.weight, BinaryOp::Add, Scalar::Int(0), &[0], false)?;
+    let total = if red == 0 {
+        // PyTorch leaves total_weight at 0 without a reduction.
+        scalar_const(b, x.dtype(), Scalar::Int(0))?
+    } else {
+        reduce(b, parts.weight, BinaryOp::Add, Scalar::Int(0), &[0], false)?
+    };
     let out = match red {
         0 if parts.batched => loss,
         0 => b.reshape(loss, Shape::scalar())?,
@@ -599,10 +608,16 @@ fn attention_args<'b>(
     let (qs, ks, vs) = (dims_of(q)?, dims_of(k)?, dims_of(v)?);
     let r = qs.len();
     if r < 2 || ks.len() != r || vs.len() != r {
-        return bad(format!("query, key, value must share a rank >= 2: {}, {}, {}", q.ty(), k.ty(), v.ty()));
+        return bad(format!(
+            "query, key, value must share a rank >= 2: {}, {}, {}",
+            q.ty(),
+            k.ty(),
+            v.ty()
+        ));
     }
     let n = r - 2;
-    if qs[..n] != ks[..n] || ks[..n] != vs[..n] || qs[r - 1] != ks[r - 1] || ks[r - 2] != vs[r - 2] {
+    if qs[..n] != ks[..n] || ks[..n] != vs[..n] || qs[r - 1] != ks[r - 1] || ks[r - 2] != vs[r - 2]
+    {
         return bad(format!(
             "query {}, key {}, value {} do not fit together (no broadcasting or grouped heads)",
             q.ty(),
@@ -614,9 +629,7 @@ fn attention_args<'b>(
     if !dtype.is_float() || k.dtype() != dtype || v.dtype() != dtype {
         return bad("query, key and value must share one float type");
     }
-    let scale = cx
-        .opt_float(usize::MAX, "scale")?
-        .unwrap_or(1.0 / (qs[r - 1] as f64).sqrt());
+    let scale = cx.opt_float(usize::MAX, "scale")?.unwrap_or(1.0 / (qs[r - 1] as f64).sqrt());
     let acc = acc_type(dtype);
     let b = cx.b;
     Ok(Attention {
@@ -647,14 +660,22 @@ fn scores<'b>(cx: &Cx<'_, 'b>, a: &Attention<'b>, is_causal: bool) -> R<Tensor<'
         if mask.dtype() == DType::Bool {
             let v = broadcast_all(b, &[mask, s])?;
             if v[1].shape() != s.shape() {
-                return bad(format!("attn_mask {} does not broadcast to the scores {}", mask.ty(), s.ty()));
+                return bad(format!(
+                    "attn_mask {} does not broadcast to the scores {}",
+                    mask.ty(),
+                    s.ty()
+                ));
             }
             s = b.select(v[0], s, neg_inf)?;
         } else {
             let m = convert(b, mask, s.dtype())?;
             let v = broadcast_all(b, &[s, m])?;
             if v[0].shape() != s.shape() {
-                return bad(format!("attn_mask {} does not broadcast to the scores {}", mask.ty(), s.ty()));
+                return bad(format!(
+                    "attn_mask {} does not broadcast to the scores {}",
+                    mask.ty(),
+                    s.ty()
+                ));
             }
             s = b.binary(BinaryOp::Add, v[0], v[1])?;
         }
@@ -676,7 +697,8 @@ pub(super) fn sdpa_flash_cpu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let ninf = splat(b, m.ty(), Scalar::Float(f64::NEG_INFINITY))?;
     let zero = splat(b, m.ty(), Scalar::Int(0))?;
     let m = b.select(b.compare(Direction::Eq, m, ninf)?, zero, m)?;
-    let p = b.unary(UnaryOp::Exp, b.binary(BinaryOp::Subtract, s, b.broadcast_to(m, &s.shape())?)?)?;
+    let p =
+        b.unary(UnaryOp::Exp, b.binary(BinaryOp::Subtract, s, b.broadcast_to(m, &s.shape())?)?)?;
     let l = reduce(b, p, BinaryOp::Add, Scalar::Int(0), &[last], true)?;
     let n = a.n;
     let pv = dot(b, p, a.v, batched(n, n + 1, n), None)?;
@@ -705,7 +727,8 @@ pub(super) fn sdpa_flash_cpu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let mut lse_dims = dims_of(lse)?;
     lse_dims.push(1);
     let lse = b.reshape(lse, Shape::of(&lse_dims))?;
-    let p = b.unary(UnaryOp::Exp, b.binary(BinaryOp::Subtract, s, b.broadcast_to(lse, &s.shape())?)?)?;
+    let p =
+        b.unary(UnaryOp::Exp, b.binary(BinaryOp::Subtract, s, b.broadcast_to(lse, &s.shape())?)?)?;
     let dv = dot(b, p, g, batched(n, n, n), None)?;
     let dp = dot(b, g, a.v, batched(n, n + 1, n + 1), None)?;
     let go = b.binary(BinaryOp::Multiply, g, out)?;

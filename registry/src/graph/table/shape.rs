@@ -14,7 +14,7 @@ fn infer_size(size: &[i64], n: u64, from: &TensorType) -> R<Vec<u64>> {
         return bad(format!("bad view size {size:?}"));
     }
     let out: Vec<u64> = if holes == 1 {
-        if known == 0 || n % known as u64 != 0 {
+        if known == 0 || !n.is_multiple_of(known as u64) {
             return bad(format!("view size {size:?} does not fit {from}"));
         }
         size.iter().map(|&d| if d == -1 { n / known as u64 } else { d as u64 }).collect()
@@ -189,8 +189,10 @@ pub(super) fn cat<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     }
     let operands: Vec<Operand<'b>> = ts.iter().map(|t| Operand::T(*t)).collect();
     let dt = result_type(&operands);
-    let kept: Vec<Tensor<'b>> =
-        ts.into_iter().filter(|t| !(t.rank() == 1 && dims_of(*t).is_ok_and(|d| d[0] == 0))).collect();
+    let kept: Vec<Tensor<'b>> = ts
+        .into_iter()
+        .filter(|t| !(t.rank() == 1 && dims_of(*t).is_ok_and(|d| d[0] == 0)))
+        .collect();
     let Some(first) = kept.first() else {
         return bad("cat of nothing but empty tensors");
     };
@@ -213,11 +215,7 @@ fn split_into<'b>(cx: &Cx<'_, 'b>, x: Tensor<'b>, sizes: &[u64], d: usize) -> Ou
         let mut lo = vec![0i64; x.rank()];
         let mut hi: Vec<i64> = have.iter().map(|&s| s as i64).collect();
         (lo[d], hi[d]) = (at, at + s as i64);
-        out.push(if sizes.len() == 1 {
-            x
-        } else {
-            cx.b.slice(x, &lo, &hi, &vec![1; x.rank()])?
-        });
+        out.push(if sizes.len() == 1 { x } else { cx.b.slice(x, &lo, &hi, &vec![1; x.rank()])? });
         at += s as i64;
     }
     Ok(out)
@@ -234,7 +232,7 @@ pub(super) fn split<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     }
     let chunk = chunk as u64;
     let mut sizes = vec![chunk; (size / chunk) as usize];
-    if size % chunk != 0 || size == 0 {
+    if !size.is_multiple_of(chunk) || size == 0 {
         sizes.push(size % chunk);
     }
     split_into(cx, x, &sizes, d)

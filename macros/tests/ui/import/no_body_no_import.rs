@@ -1,0 +1,6 @@
+use tpu_kernels::{Tensor, tpu_kernel};
+
+#[tpu_kernel(op = "mylib::k")]
+pub fn k(x: Tensor) -> Tensor;
+
+fn main() {}

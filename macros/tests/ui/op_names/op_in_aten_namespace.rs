@@ -1,0 +1,8 @@
+use tpu_kernels::{Tensor, tpu_kernel};
+
+#[tpu_kernel(op = "aten::gelu")]
+pub fn k(x: Tensor) -> Tensor {
+    x
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use tpu_kernels::{Tensor, tpu_kernel};
+
+#[tpu_kernel(op = "mylib::k", shapes(y = [B, D]))]
+pub fn k(x: Tensor) -> Tensor {
+    x
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use tpu_kernels::{Tensor, tpu_kernel};
+
+#[tpu_kernel(op = "mylib::k")]
+pub fn k(x: Tensor) -> Tensor {
+    x.sum(-1, true)
+}
+
+fn main() {}

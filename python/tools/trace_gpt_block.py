@@ -1,0 +1,282 @@
+"""Trace a small GPT-style block through torch.compile's aot_autograd and write its ATen graphs.
+
+The block: token embedding, RMSNorm (once as `F.rms_norm`, once written out as
+`x * rsqrt(mean(x^2) + eps) * w`), causal attention through `F.scaled_dot_product_attention`,
+a SwiGLU MLP, a linear head with bias and a cross-entropy loss. Sizes: batch 2, seq 8, dim 32,
+heads 2, vocab 64.
+
+The forward and backward FX graphs are captured with `aot_autograd` and the core ATen
+decompositions minus the three scaled-dot-product entries (with them, SDPA gradients are
+silently wrong while training). Each graph is written in the `tpu_kernels_registry::graph`
+JSON format (see `registry/src/graph/mod.rs`):
+
+    python python/tools/trace_gpt_block.py            # print the op overloads, write the JSON
+    python python/tools/trace_gpt_block.py --out DIR  # write gpt_block_{fwd,bwd}.json to DIR
+
+Importable: `trace()` returns both graphs with the real inputs and outputs of one training step,
+which the numerics tests replay against the lowered StableHLO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+FORMAT_VERSION = 1
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "registry" / "tests" / "data" / "graphs"
+
+BATCH, SEQ, DIM, HEADS, VOCAB, HIDDEN = 2, 8, 32, 2, 64, 64
+EPS = 1e-6
+
+_DTYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.uint32: "u32",
+    torch.bool: "bool",
+    torch.float8_e4m3fn: "f8e4m3fn",
+    torch.float8_e5m2: "f8e5m2",
+}
+
+
+class GptBlock(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, DIM)
+        self.norm1 = nn.Parameter(1.0 + 0.1 * torch.randn(DIM))
+        self.wqkv = nn.Linear(DIM, 3 * DIM, bias=False)
+        self.wo = nn.Linear(DIM, DIM, bias=False)
+        self.norm2 = nn.Parameter(1.0 + 0.1 * torch.randn(DIM))
+        self.w_gate = nn.Linear(DIM, HIDDEN, bias=False)
+        self.w_up = nn.Linear(DIM, HIDDEN, bias=False)
+        self.w_down = nn.Linear(HIDDEN, DIM, bias=False)
+        self.head = nn.Linear(DIM, VOCAB, bias=True)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        b, t = tokens.shape
+        x = self.emb(tokens)
+        h = F.rms_norm(x, (DIM,), self.norm1, eps=EPS)
+        q, k, v = self.wqkv(h).split(DIM, dim=-1)
+        q, k, v = (z.view(b, t, HEADS, DIM // HEADS).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.wo(a.transpose(1, 2).reshape(b, t, DIM))
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * self.norm2
+        x = x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+        logits = self.head(x)
+        return F.cross_entropy(logits.view(-1, VOCAB), targets.view(-1))
+
+
+@dataclass
+class Captured:
+    """One ATen graph and the tensors of one real call of it."""
+
+    name: str
+    gm: torch.fx.GraphModule
+    inputs: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[torch.Tensor | None] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return graph_to_json(self.gm, self.name)
+
+
+def decompositions() -> dict:
+    from torch._decomp import core_aten_decompositions
+
+    table = dict(core_aten_decompositions())
+    for op in (
+        torch.ops.aten.scaled_dot_product_attention.default,
+        torch.ops.aten._scaled_dot_product_attention_math.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    ):
+        table.pop(op, None)
+    return table
+
+
+def trace(seed: int = 0) -> tuple[Captured, Captured, torch.Tensor]:
+    """Compiles the block, runs one forward and backward; returns (fwd, bwd, eager loss)."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    torch.manual_seed(seed)
+    model = GptBlock()
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    targets = torch.randint(0, VOCAB, (BATCH, SEQ))
+    captured: dict[str, Captured] = {}
+
+    def compiler(name: str):
+        def compile_fn(gm: torch.fx.GraphModule, example_inputs):
+            cap = Captured(name, gm)
+            captured[name] = cap
+
+            def run(args: list):
+                # A boxed call: aot_autograd passes one list, which the callee may clear.
+                cap.inputs = [a.detach().clone() for a in args]
+                out = gm(*args)
+                args.clear()
+                cap.outputs = [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in out]
+                return out
+
+            run._boxed_call = True
+            return run
+
+        return compile_fn
+
+    backend = aot_autograd(
+        fw_compiler=compiler("gpt_block_fwd"),
+        bw_compiler=compiler("gpt_block_bwd"),
+        decompositions=decompositions(),
+    )
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    loss = compiled(tokens, targets)
+    loss.backward()
+    eager = model(tokens, targets)
+    return captured["gpt_block_fwd"], captured["gpt_block_bwd"], eager.detach()
+
+
+# ----- FX graph to JSON -----
+
+
+def op_key(target) -> str:
+    """`aten::mm.default`: the schema name, a dot, the overload name (`default` when empty)."""
+    schema = target._schema
+    return f"{schema.name}.{schema.overload_name or 'default'}"
+
+
+def short_type(val) -> str:
+    if not isinstance(val, torch.Tensor):
+        raise TypeError(f"expected a tensor in node metadata, got {type(val).__name__}")
+    dtype = _DTYPES.get(val.dtype)
+    if dtype is None:
+        raise TypeError(f"dtype {val.dtype} has no tpu-kernels spelling")
+    return f"{dtype}[{','.join(str(int(d)) for d in val.shape)}]"
+
+
+def json_float(x: float):
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+class _Refs:
+    """FX node -> tensor reference; `getitem` nodes become (node, output) references."""
+
+    def __init__(self) -> None:
+        self.refs: dict[torch.fx.Node, dict] = {}
+
+    def ref(self, node: torch.fx.Node) -> dict:
+        if node not in self.refs:
+            raise ValueError(f"node `{node.name}` is used before it is defined")
+        return self.refs[node]
+
+
+def _arg(a, refs: _Refs, where: str):
+    if isinstance(a, torch.fx.Node):
+        return {"tensor": refs.ref(a)}
+    if a is None:
+        return "none"
+    if isinstance(a, bool):
+        return {"bool": a}
+    if isinstance(a, int):
+        return {"int": a}
+    if isinstance(a, float):
+        return {"float": json_float(a)}
+    if isinstance(a, str):
+        return {"string": a}
+    if isinstance(a, torch.dtype):
+        return {"dtype": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    if isinstance(a, torch.layout):
+        return {"layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).removeprefix("torch.")}
+    if isinstance(a, (list, tuple)):
+        if all(isinstance(x, bool) for x in a) and a:
+            return {"bool_list": list(a)}
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in a):
+            return {"int_list": list(a)}
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a):
+            return {"float_list": [json_float(float(x)) for x in a]}
+        if all(isinstance(x, torch.fx.Node) or x is None for x in a):
+            return {"tensor_list": [None if x is None else refs.ref(x) for x in a]}
+    raise TypeError(f"{where}: cannot encode argument {a!r} ({type(a).__name__})")
+
+
+def graph_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
+    refs = _Refs()
+    inputs, nodes, outputs = [], [], []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            inputs.append({"name": node.name, "type": short_type(node.meta["val"])})
+            refs.refs[node] = {"node": node.name}
+        elif node.op == "call_function" and node.target is operator.getitem:
+            src, index = node.args
+            base = refs.ref(src)
+            refs.refs[node] = {"node": base["node"], **({"output": index} if index else {})}
+        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            where = f"node `{node.name}` ({op_key(node.target)})"
+            val = node.meta["val"]
+            vals = list(val) if isinstance(val, (tuple, list)) else [val]
+            schema = node.target._schema
+            nodes.append(
+                {
+                    "name": node.name,
+                    "op": op_key(node.target),
+                    "args": [_arg(a, refs, where) for a in node.args],
+                    **(
+                        {"kwargs": {k: _arg(v, refs, where) for k, v in sorted(node.kwargs.items())}}
+                        if node.kwargs
+                        else {}
+                    ),
+                    "arg_names": [a.name for a in schema.arguments],
+                    "outputs": [short_type(v) for v in vals],
+                }
+            )
+            refs.refs[node] = {"node": node.name}
+        elif node.op == "output":
+            (result,) = node.args
+            for r in result if isinstance(result, (list, tuple)) else [result]:
+                outputs.append(None if r is None else refs.ref(r))
+        else:
+            raise TypeError(f"node `{node.name}`: unsupported FX node {node.op} {node.target}")
+    return {"version": FORMAT_VERSION, "name": name, "inputs": inputs, "nodes": nodes, "outputs": outputs}
+
+
+def op_set(*graphs: dict) -> list[str]:
+    return sorted({n["op"] for g in graphs for n in g["nodes"]})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON files")
+    args = parser.parse_args()
+    fwd, bwd, _ = trace()
+    graphs = [fwd.to_json(), bwd.to_json()]
+    args.out.mkdir(parents=True, exist_ok=True)
+    for g in graphs:
+        path = args.out / f"{g['name']}.json"
+        path.write_text(json.dumps(g, indent=1) + "\n")
+        print(f"wrote {path} ({len(g['nodes'])} nodes)")
+    for name, g in zip(("forward", "backward"), graphs):
+        print(f"{name}: {', '.join(op_set(g))}")
+    print("all:", *op_set(*graphs), sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()
