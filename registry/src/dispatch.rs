@@ -98,6 +98,20 @@ pub struct Fallback {
     pub reason: FallbackReason,
 }
 
+/// Why a whole graph did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GraphRunError {
+    #[error("lowering: {0}")]
+    Lower(crate::graph::LowerError),
+    #[error("compile: {0}")]
+    Compile(String),
+    #[error("execute: {0}")]
+    Execute(String),
+    #[error("bad input: {0}")]
+    BadInput(String),
+}
+
 /// What [`Dispatcher::call`] returns instead of outputs.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -379,6 +393,66 @@ impl Dispatcher {
                 None => f(stats.entry(op.to_owned()).or_default()),
             }
         }
+    }
+
+    /// Lowers a whole ATen graph into one StableHLO module (registered kernels selected by the
+    /// registry for this platform and inlined as private functions, every other node through
+    /// the default table), compiles it through the cache and runs it on `inputs`.
+    pub fn run_graph(
+        &self,
+        graph: &crate::graph::Graph,
+        inputs: &[HostTensor<'_>],
+    ) -> Result<Vec<Buffer>, GraphRunError> {
+        let program = self.graph_program(graph)?;
+        let cached = self
+            .cache
+            .get_or_compile(&self.client, &program, &self.options)
+            .map_err(|e| GraphRunError::Compile(e.to_string()))?;
+        if inputs.len() != graph.inputs.len() {
+            return Err(GraphRunError::BadInput(format!(
+                "graph takes {} inputs, {} given",
+                graph.inputs.len(),
+                inputs.len()
+            )));
+        }
+        let start = Instant::now();
+        let mut buffers = Vec::with_capacity(inputs.len());
+        for (i, (t, want)) in inputs.iter().zip(&graph.inputs).enumerate() {
+            if *t.ty != want.ty {
+                return Err(GraphRunError::BadInput(format!(
+                    "input {i} `{}` is {}, the graph takes {}",
+                    want.name,
+                    t.ty.short(),
+                    want.ty.short()
+                )));
+            }
+            let ty = element_type(t.ty.dtype)
+                .ok_or_else(|| GraphRunError::BadInput(format!("input {i}: no buffer type")))?;
+            let dims: Vec<i64> =
+                t.ty.shape
+                    .static_dims()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|d| d as i64)
+                    .collect();
+            buffers.push(
+                self.client
+                    .buffer_from_bytes(t.data, ty, &dims)
+                    .map_err(|e| GraphRunError::BadInput(format!("input {i}: {e}")))?,
+            );
+        }
+        let refs: Vec<&Buffer> = buffers.iter().collect();
+        let out =
+            cached.executable.execute(&refs).map_err(|e| GraphRunError::Execute(e.to_string()));
+        self.kernel_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        out
+    }
+
+    /// The graph's lowered program.
+    pub fn graph_program(&self, graph: &crate::graph::Graph) -> Result<Program, GraphRunError> {
+        let resolver = crate::graph::IndexResolver::new(self.registry.index(), self.platform);
+        let module = crate::graph::lower(graph, &resolver).map_err(GraphRunError::Lower)?;
+        Ok(Program::text(module.to_text()))
     }
 
     /// A snapshot of the counters.

@@ -85,9 +85,23 @@ pub struct Kernel {
 impl Kernel {
     /// A kernel linked in through `inventory`.
     pub fn from_static(record: &'static KernelRegistration) -> Kernel {
+        let source = if record.is_imported() {
+            let variants: Vec<(Platform, Arc<str>)> = [Platform::Tpu, Platform::Cpu]
+                .into_iter()
+                .filter_map(|p| record.imported_module(p).map(|m| (p, Arc::from(m.text))))
+                .collect();
+            let fingerprint = [Platform::Tpu, Platform::Cpu]
+                .into_iter()
+                .filter_map(|p| record.imported_module(p).map(|m| m.fingerprint))
+                .collect::<Vec<_>>()
+                .join("+");
+            KernelSource::Imported { variants, fingerprint }
+        } else {
+            KernelSource::Built
+        };
         Kernel {
             record: *record,
-            source: KernelSource::Built,
+            source,
             ops: record.ops.iter().map(|o| normalize_op(o)).collect(),
             runtime: false,
         }

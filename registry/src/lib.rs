@@ -10,7 +10,9 @@ mod error;
 pub mod index;
 pub mod pjrt;
 
-pub use dispatch::{DispatchError, Dispatcher, Fallback, FallbackReason, HostTensor};
+pub use dispatch::{
+    DispatchError, Dispatcher, Fallback, FallbackReason, GraphRunError, HostTensor,
+};
 pub use error::RegistryError;
 pub use index::{CallMeta, Index, Kernel, KernelSource, NoKernel, Registry, normalize_op};
 pub mod graph;

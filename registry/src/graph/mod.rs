@@ -63,5 +63,5 @@ mod table;
 
 pub use lower::{KernelCall, KernelResolver, LowerError, NoKernels, OpCall, lower};
 pub use model::{Arg, FORMAT_VERSION, Graph, GraphError, Input, Node, TensorRef, dtype_from_torch};
-pub use resolve::RegisteredKernels;
+pub use resolve::{IndexResolver, RegisteredKernels};
 pub use table::supported_ops;

@@ -158,3 +158,89 @@ impl KernelResolver for RegisteredKernels {
         Some(KernelCall { module, args })
     }
 }
+
+/// Resolves nodes with the registry's own selection: candidates in priority order, each bound to
+/// the node by its schema bindings and checked with every guard for `platform`. Rust-built
+/// kernels inline their module; imported ones inline their StableHLO text for `platform` (a TPU
+/// payload never reaches a CPU lowering). A candidate that fails to bind, to pass its guards or
+/// to build leaves the node to the next candidate, then to the default table.
+#[derive(Clone, Debug)]
+pub struct IndexResolver {
+    index: std::sync::Arc<crate::Index>,
+    platform: tpu_kernels::registration::Platform,
+}
+
+impl IndexResolver {
+    pub fn new(
+        index: std::sync::Arc<crate::Index>,
+        platform: tpu_kernels::registration::Platform,
+    ) -> IndexResolver {
+        IndexResolver { index, platform }
+    }
+
+    fn module_for(
+        &self,
+        kernel: &crate::Kernel,
+        sig: &KernelSignature,
+    ) -> Option<tpu_kernels::Module> {
+        match &kernel.source {
+            crate::KernelSource::Built => kernel.record.emit(sig).ok(),
+            crate::KernelSource::Imported { .. } => {
+                imported_wrapper(kernel, sig, self.platform).ok()
+            }
+        }
+    }
+}
+
+impl KernelResolver for IndexResolver {
+    fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall> {
+        let op = crate::normalize_op(call.op());
+        for kernel in self.index.candidates(&op) {
+            let Ok((sig, args)) = RegisteredKernels::bind(&kernel.record, call) else { continue };
+            let contiguous = vec![true; sig.inputs.len()];
+            let meta =
+                crate::CallMeta { sig: &sig, contiguous: &contiguous, platform: self.platform };
+            if kernel.accepts(&meta).is_err() {
+                continue;
+            }
+            if let Some(module) = self.module_for(kernel, &sig) {
+                return Some(KernelCall { module, args });
+            }
+        }
+        None
+    }
+}
+
+/// A module whose `@main` calls an imported kernel's text, inlined as private functions.
+fn imported_wrapper(
+    kernel: &crate::Kernel,
+    sig: &KernelSignature,
+    platform: tpu_kernels::registration::Platform,
+) -> Result<tpu_kernels::Module, String> {
+    let text = kernel.module_text(sig, platform).map_err(|e| e.to_string())?.text;
+    let parsed = tpu_kernels::reader::parse_module(&text).map_err(|e| e.to_string())?;
+    let functions = parsed
+        .functions_for_inlining(&format!("{}_impl", kernel.name()))
+        .map_err(|e| e.to_string())?;
+    let b = tpu_kernels::KernelBuilder::new(kernel.name(), &sig.inputs);
+    let mut entry = None;
+    for f in functions {
+        if f.is_entry {
+            entry = Some(f.name.clone());
+        }
+        let signature = tpu_kernels::ir::Signature {
+            params: f.args.iter().map(|a| a.ty.clone()).collect(),
+            results: f.results.iter().map(|a| a.ty.clone()).collect(),
+        };
+        b.add_text_function(tpu_kernels::ir::TextFunction {
+            name: f.name,
+            signature,
+            text: f.text,
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    let entry =
+        entry.ok_or_else(|| format!("kernel `{}`: imported module has no entry", kernel.name()))?;
+    let outs = b.call_text(&entry, &b.args()).map_err(|e| e.to_string())?;
+    b.finish(&outs).map_err(|e| e.to_string())
+}
