@@ -103,7 +103,7 @@ pub struct Fallback {
 #[non_exhaustive]
 pub enum GraphRunError {
     #[error("lowering: {0}")]
-    Lower(crate::graph::LowerError),
+    Lower(Box<crate::graph::LowerError>),
     #[error("compile: {0}")]
     Compile(String),
     #[error("execute: {0}")]
@@ -451,7 +451,7 @@ impl Dispatcher {
     /// The graph's lowered program.
     pub fn graph_program(&self, graph: &crate::graph::Graph) -> Result<Program, GraphRunError> {
         let resolver = crate::graph::IndexResolver::new(self.registry.index(), self.platform);
-        let module = crate::graph::lower(graph, &resolver).map_err(GraphRunError::Lower)?;
+        let module = crate::graph::lower(graph, &resolver).map_err(|e| GraphRunError::Lower(Box::new(e)))?;
         Ok(Program::text(module.to_text()))
     }
 
