@@ -13,33 +13,15 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Barrier};
 
+#[path = "support/cache_programs.rs"]
+mod cache_programs;
+use cache_programs::{check_numerics, program};
 use tpu_kernels_registry::cache::{CacheConfig, CacheKey, CompileCache, Outcome, entry};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
-use tpu_kernels_registry::pjrt::{Client, CompileOptions, LoadedExecutable, Program};
+use tpu_kernels_registry::pjrt::{Client, CompileOptions};
 
 const CHILD_ENV: &str = "TPUK_CACHE_TEST_CHILD_DIR";
 const PROGRAMS: usize = 3;
-
-fn program(c: f32) -> Program {
-    Program::text(format!(
-        r#"func.func @main(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {{
-  %c = stablehlo.constant dense<{c:?}> : tensor<4xf32>
-  %0 = stablehlo.multiply %x, %y : tensor<4xf32>
-  %1 = stablehlo.add %0, %c : tensor<4xf32>
-  return %1 : tensor<4xf32>
-}}"#
-    ))
-}
-
-fn check_numerics(client: &Client, exe: &LoadedExecutable, c: f32) {
-    let x = [1.0f32, 2.0, 3.0, 4.0];
-    let y = [0.5f32, -1.0, 2.0, 10.0];
-    let bx = client.buffer_from_host(&x, &[4]).unwrap();
-    let by = client.buffer_from_host(&y, &[4]).unwrap();
-    let out = exe.execute(&[&bx, &by]).unwrap()[0].to_vec::<f32>().unwrap();
-    let expected: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a * b + c).collect();
-    assert_eq!(out, expected);
-}
 
 /// A disk-only cache over `dir`: every call goes to the disk tier.
 fn disk_only(dir: &Path) -> CompileCache {

@@ -7,32 +7,12 @@
 use std::path::Path;
 use std::sync::Arc;
 
+#[path = "support/cache_programs.rs"]
+mod cache_programs;
+use cache_programs::{check_numerics, program};
 use tpu_kernels_registry::cache::{CacheConfig, CacheKey, CompileCache, Outcome, entry};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
-use tpu_kernels_registry::pjrt::{Client, CompileOptions, LoadedExecutable, Program};
-
-/// `x * y + c`, a different program (and key) for every `c`.
-fn program(c: f32) -> Program {
-    Program::text(format!(
-        r#"func.func @main(%x: tensor<4xf32>, %y: tensor<4xf32>) -> tensor<4xf32> {{
-  %c = stablehlo.constant dense<{c:?}> : tensor<4xf32>
-  %0 = stablehlo.multiply %x, %y : tensor<4xf32>
-  %1 = stablehlo.add %0, %c : tensor<4xf32>
-  return %1 : tensor<4xf32>
-}}"#
-    ))
-}
-
-/// Runs `exe` and checks it computes `x * y + c`.
-fn check_numerics(client: &Client, exe: &LoadedExecutable, c: f32) {
-    let x = [1.0f32, 2.0, 3.0, 4.0];
-    let y = [0.5f32, -1.0, 2.0, 10.0];
-    let bx = client.buffer_from_host(&x, &[4]).unwrap();
-    let by = client.buffer_from_host(&y, &[4]).unwrap();
-    let out = exe.execute(&[&bx, &by]).unwrap()[0].to_vec::<f32>().unwrap();
-    let expected: Vec<f32> = x.iter().zip(&y).map(|(a, b)| a * b + c).collect();
-    assert_eq!(out, expected);
-}
+use tpu_kernels_registry::pjrt::{CompileOptions, Program};
 
 fn config(dir: &Path) -> CacheConfig {
     CacheConfig { memory_entries: 16, disk_dir: Some(dir.to_path_buf()), max_disk_bytes: None }
