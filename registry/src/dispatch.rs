@@ -451,7 +451,8 @@ impl Dispatcher {
     /// The graph's lowered program.
     pub fn graph_program(&self, graph: &crate::graph::Graph) -> Result<Program, GraphRunError> {
         let resolver = crate::graph::IndexResolver::new(self.registry.index(), self.platform);
-        let module = crate::graph::lower(graph, &resolver).map_err(|e| GraphRunError::Lower(Box::new(e)))?;
+        let module =
+            crate::graph::lower(graph, &resolver).map_err(|e| GraphRunError::Lower(Box::new(e)))?;
         Ok(Program::text(module.to_text()))
     }
 
