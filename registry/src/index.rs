@@ -362,6 +362,16 @@ impl Index {
                 return Err(RegistryError::DuplicateName { name: k.name().to_owned() });
             }
         }
+        for k in by_name.values() {
+            if let Some(backward) = k.record.backward
+                && !by_name.contains_key(backward)
+            {
+                return Err(RegistryError::InvalidKernel {
+                    name: k.name().to_owned(),
+                    message: format!("its backward kernel `{backward}` is not registered"),
+                });
+            }
+        }
         let mut lists: BTreeMap<String, Vec<Arc<Kernel>>> = BTreeMap::new();
         // Iterate by name so candidate lists start in a deterministic order.
         for k in by_name.values() {

@@ -167,6 +167,9 @@ fn invalid_kernels_are_refused_with_their_name() {
     let bad_sig = kernel(KernelRegistration { name: "badsig", canonical: &["f99[2]"], ..BASE });
     let err = Index::build(vec![Arc::new(bad_sig)]).unwrap_err();
     assert!(err.to_string().contains("unknown dtype `f99`"), "{err}");
+    let orphan = kernel(KernelRegistration { name: "fwd", backward: Some("missing_bwd"), ..BASE });
+    let err = Index::build(vec![Arc::new(orphan)]).unwrap_err();
+    assert!(err.to_string().contains("backward kernel `missing_bwd` is not registered"), "{err}");
     let twice = || Arc::new(kernel(BASE));
     assert_eq!(
         Index::build(vec![twice(), twice()]).unwrap_err(),
