@@ -1,0 +1,131 @@
+"""tpu_kernels: TPU kernels written in Rust or in Pallas/JAX, registered against ATen ops and
+dispatched from PyTorch through PJRT.
+
+- Registry: :func:`kernels`, :func:`kernel`, :func:`select`, :func:`unregister` (one registry per
+  process, shared with kernels linked in from Rust).
+- Import: :func:`jax_kernel` / :func:`register_jax` (export, validate, register),
+  :func:`load_mlir` / :func:`save_mlir` (.mlir files the Rust ``import(...)`` form accepts),
+  :func:`pallas_interpret`, :func:`decode_mosaic`.
+- Dispatch: :func:`dispatch`, :func:`call`, :class:`Dispatcher`, :func:`stats`,
+  :func:`cache_stats`.
+- Checks: :func:`emit`, :func:`compile_tpu`, :func:`run_cpu`.
+- Errors: :mod:`tpu_kernels.errors`.
+
+jax and torch are imported only when needed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import errors, guards
+from ._native import DeviceTensor, Dispatcher
+from ._native import __version__ as __version__
+from .checks import compile_tpu, emit, run_cpu
+from .dispatch import cache_stats, call, default_dispatcher, dispatch, stats
+from .errors import (
+    CpuRunError,
+    ExportError,
+    FallbackError,
+    JaxNotInstalledError,
+    ModuleParseError,
+    NoKernelError,
+    NotJaxError,
+    NumericsMismatchError,
+    RegistrationError,
+    RuntimeUnavailableError,
+    SignatureMismatchError,
+    SymbolicShapeError,
+    TpuCompileError,
+    TpuKernelsError,
+)
+from .jax_import import (
+    ImportedKernel,
+    decode_mosaic,
+    jax_kernel,
+    load_mlir,
+    pallas_interpret,
+    register_jax,
+    save_mlir,
+)
+from .torch import report, substitute  # PyTorch integration; imports torch lazily
+
+
+def kernels() -> list[dict[str, Any]]:
+    """Every registered kernel (linked-in Rust ones and runtime imports), sorted by name."""
+    from . import _native
+
+    return _native.list_kernels()
+
+
+def kernel(name: str) -> dict[str, Any]:
+    """One kernel's record; :class:`NoKernelError` if none has that name."""
+    from . import _native
+
+    return _native.kernel(name)
+
+
+def select(
+    op: str,
+    inputs: str,
+    statics: dict[str, Any] | None = None,
+    platform: str = "cpu",
+    contiguous: list[bool] | None = None,
+) -> str:
+    """The name of the kernel selected for `op` and a call's inputs (``"f32[8,128]"``), or
+    :class:`NoKernelError` with every candidate's reason."""
+    from . import _native
+
+    return _native.select(op, inputs, statics, platform, contiguous)
+
+
+def unregister(name: str) -> None:
+    """Removes a kernel registered at runtime, and the new op it defined, if any."""
+    from . import _native
+    from .ops import remove_op
+
+    ops = _native.kernel(name)["ops"]
+    _native.unregister(name)
+    for op in ops:
+        remove_op(op)
+
+
+__all__ = [
+    "CpuRunError",
+    "DeviceTensor",
+    "Dispatcher",
+    "ExportError",
+    "FallbackError",
+    "ImportedKernel",
+    "JaxNotInstalledError",
+    "ModuleParseError",
+    "NoKernelError",
+    "NotJaxError",
+    "NumericsMismatchError",
+    "RegistrationError",
+    "RuntimeUnavailableError",
+    "SignatureMismatchError",
+    "SymbolicShapeError",
+    "TpuCompileError",
+    "TpuKernelsError",
+    "cache_stats",
+    "call",
+    "compile_tpu",
+    "decode_mosaic",
+    "default_dispatcher",
+    "dispatch",
+    "emit",
+    "errors",
+    "guards",
+    "jax_kernel",
+    "kernel",
+    "kernels",
+    "load_mlir",
+    "pallas_interpret",
+    "register_jax",
+    "run_cpu",
+    "save_mlir",
+    "select",
+    "stats",
+    "unregister",
+]

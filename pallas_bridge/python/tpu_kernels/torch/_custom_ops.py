@@ -1,0 +1,175 @@
+"""Kernels that define new ops (`tpuk::rms_norm`, `tpuk::matmul_bias_act`) as torch.library ops.
+
+Each op gets a schema built from the kernel record (tensor inputs, then statics with their
+defaults), a CPU implementation that runs the kernel through the dispatcher (DLPack in and
+out), a fake (meta) function from the kernel's output rule (evaluated on the Rust side, which
+builds the module and reads `@main`'s result types when the rule says so), and, when the
+kernel names a backward kernel, an autograd formula that calls it with
+`(grad_output, *inputs, **statics)` and expects one gradient per tensor input.
+`torch.library.opcheck` passes for each.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import torch
+
+from ._native import native
+from ._output import as_tensor
+
+_TORCH_DTYPES = {
+    "f32": torch.float32,
+    "f64": torch.float64,
+    "bf16": torch.bfloat16,
+    "f16": torch.float16,
+    "i8": torch.int8,
+    "i16": torch.int16,
+    "i32": torch.int32,
+    "i64": torch.int64,
+    "u8": torch.uint8,
+    "u32": torch.uint32,
+    "bool": torch.bool,
+}
+_SHORT = {v: k for k, v in _TORCH_DTYPES.items()}
+_SCHEMA_TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str"}
+
+_lock = threading.Lock()
+_ops: dict[str, object] = {}
+_libs: list = []
+
+
+class KernelOpError(RuntimeError):
+    """A custom op's kernel could not run (the op has no other implementation)."""
+
+
+def _default_text(kind: str, value) -> str:
+    if kind == "str":
+        return json.dumps(value)
+    if kind == "bool":
+        return "True" if value else "False"
+    return repr(value)
+
+
+def _n_outputs(info: dict) -> int:
+    """How many outputs the kernel has, from its output rule at its first canonical signature."""
+    for sig in info.get("canonical") or []:
+        tensors, _, statics_text = sig.partition(";")
+        inputs = []
+        for t in tensors.split("],"):
+            t = t.strip().rstrip("]")
+            dtype, _, dims = t.partition("[")
+            inputs.append((dtype.strip(), [int(d) for d in dims.split(",") if d.strip()]))
+        statics = []
+        kinds = {s[0]: s[1] for s in info["statics"]}
+        for part in statics_text.split(","):
+            if "=" in part:
+                k, v = (x.strip() for x in part.split("=", 1))
+                kind = kinds.get(k, "str")
+                val = {"int": int, "float": float, "bool": lambda s: s == "true"}.get(kind, str)(v)
+                statics.append((k, val))
+        return len(native().output_types(info["name"], inputs, statics))
+    return 1
+
+
+def _define(info: dict, op: str):
+    ns, rest = op.split("::", 1)
+    name = rest.split(".", 1)[0]
+    defaults = native().static_defaults(info["name"])
+    kinds = {s[0]: s[1] for s in info["statics"]}
+    order = info["schema"] or list(info["inputs"]) + [s[0] for s in info["statics"]]
+    params = []
+    for p in order:
+        if p in info["inputs"]:
+            params.append(f"Tensor {p}")
+        elif p in kinds:
+            text = f"{_SCHEMA_TYPES[kinds[p]]} {p}"
+            if p in defaults:
+                text += "=" + _default_text(kinds[p], defaults[p])
+            params.append(text)
+    n_out = _n_outputs(info)
+    rets = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
+    lib = torch.library.Library(ns, "FRAGMENT")
+    _libs.append(lib)
+    lib.define(f"{name}({', '.join(params)}) -> {rets}")
+    qualname = f"{ns}::{name}"
+    key = f"{qualname}.default"
+    tensor_names = [p for p in order if p in info["inputs"]]
+    static_names = [p for p in order if p in kinds]
+
+    def split(args, kwargs):
+        values = dict(zip(order, args))
+        values.update(kwargs)
+        tensors = [values[n] for n in tensor_names]
+        statics = [(n, values[n]) for n in static_names if n in values]
+        return tensors, statics
+
+    def cpu_impl(*args, **kwargs):
+        tensors, statics = split(args, kwargs)
+        tensors = [t.detach().contiguous() for t in tensors]
+        r = native().call(key, tensors, statics, True)
+        if len(r) == 3:
+            raise KernelOpError(f"{qualname}: {r[2]}")
+        outs = [as_tensor(c) for c in r[1]]
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    def fake_impl(*args, **kwargs):
+        tensors, statics = split(args, kwargs)
+        types = []
+        for t in tensors:
+            if t.dtype not in _SHORT:
+                raise TypeError(f"{qualname}: dtype {t.dtype} has no kernel spelling")
+            types.append((_SHORT[t.dtype], [int(d) for d in t.shape]))
+        outs = [
+            torch.empty(dims, dtype=_TORCH_DTYPES[dtype], device=tensors[0].device)
+            for dtype, dims in native().output_types(info["name"], types, statics)
+        ]
+        return outs[0] if n_out == 1 else tuple(outs)
+
+    lib.impl(name, cpu_impl, "CPU")
+    torch.library.register_fake(qualname, fake_impl, lib=lib)
+    backward = info.get("backward")
+    if backward:
+        _register_autograd(qualname, backward, tensor_names, static_names, order, lib)
+    return getattr(getattr(torch.ops, ns), name).default
+
+
+def _register_autograd(qualname, backward, tensor_names, static_names, order, lib) -> None:
+    bwd_info = next((k for k in native().kernels() if k["name"] == backward), None)
+    if bwd_info is None:
+        return
+    bwd_op = bwd_info["ops"][0] if bwd_info["ops"] else None
+
+    def setup_context(ctx, inputs, output):
+        values = dict(zip(order, inputs))
+        ctx.save_for_backward(*[values[n] for n in tensor_names])
+        ctx.statics = [(n, values[n]) for n in static_names if n in values]
+
+    def grad_fn(ctx, grad):
+        saved = [t.contiguous() for t in ctx.saved_tensors]
+        r = native().call(bwd_op, [grad.contiguous(), *saved], ctx.statics, True)
+        if len(r) == 3:
+            raise KernelOpError(f"{qualname} backward ({backward}): {r[2]}")
+        grads = [as_tensor(c) for c in r[1]]
+        return (*grads, *([None] * len(static_names)))
+
+    if bwd_op is not None:
+        torch.library.register_autograd(qualname, grad_fn, setup_context=setup_context, lib=lib)
+
+
+def custom_ops() -> dict[str, object]:
+    """Registers (once per op) and returns `{op name: OpOverload}` for every kernel that defines
+    a new op (a namespace other than `aten`); ops torch already has are listed as they are."""
+    from ._bindings import resolve_overload
+
+    with _lock:
+        for info in native().kernels():
+            for op in info["ops"]:
+                if op.startswith("aten::") or op in _ops:
+                    continue
+                existing = resolve_overload(op)
+                # An op torch already has (an imported kernel's `register_jax` defines its own):
+                # listed, not redefined.
+                _ops[op] = existing if existing is not None else _define(info, op)
+        return dict(_ops)

@@ -1,0 +1,148 @@
+"""`tpu_kernels.report()`: what ran where.
+
+Merges the native counters (per-op eager calls, substitutions, fallbacks with reasons, kernels,
+time in kernels, compile-cache hits, graph programs) with the Python-side ones (fallbacks
+decided before reaching the native side, fused flushes, `torch.compile` partitions and the
+nodes left to PyTorch).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ._native import native
+
+
+@dataclass
+class _Local:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # op -> category -> count, op -> last message (fallbacks decided in Python).
+    fallbacks: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
+    last: dict = field(default_factory=dict)
+    fused_flushes: int = 0
+    fused_ops: int = 0
+    fused_reasons: dict = field(default_factory=lambda: defaultdict(int))
+    compiled_graphs: list = field(default_factory=list)
+    eager_nodes: dict = field(default_factory=lambda: defaultdict(int))
+    eager_reasons: dict = field(default_factory=dict)
+
+
+LOCAL = _Local()
+
+
+def record_fallback(op: str, category: str, message: str) -> None:
+    with LOCAL.lock:
+        LOCAL.fallbacks[op][category] += 1
+        LOCAL.last[op] = message
+
+
+def record_fused_flush(n_ops: int, reason: str) -> None:
+    with LOCAL.lock:
+        LOCAL.fused_flushes += 1
+        LOCAL.fused_ops += n_ops
+        LOCAL.fused_reasons[reason] += 1
+
+
+def record_graph(name: str, kernels: list[str], n_nodes: int, eager: dict[str, str]) -> None:
+    with LOCAL.lock:
+        LOCAL.compiled_graphs.append({"name": name, "kernels": list(kernels), "nodes": n_nodes})
+        for op, why in eager.items():
+            LOCAL.eager_nodes[op] += 1
+            LOCAL.eager_reasons[op] = why
+
+
+@dataclass
+class Report:
+    """A snapshot of the counters; `str()` renders a table."""
+
+    ops: dict
+    kernel_time_s: float
+    prepare_time_s: float
+    cache: dict
+    graphs: dict
+    fused: dict
+    compiled: dict
+
+    def substituted(self, op: str | None = None) -> int:
+        if op is None:
+            return sum(o["substituted"] for o in self.ops.values())
+        return self.ops.get(op, {}).get("substituted", 0)
+
+    def fallbacks(self, op: str | None = None) -> int:
+        items = self.ops.values() if op is None else [self.ops.get(op, {"fallbacks": {}})]
+        return sum(sum(o["fallbacks"].values()) for o in items)
+
+    def kernels_ran(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for o in self.ops.values():
+            for k, n in o["kernels"].items():
+                out[k] += n
+        for k, n in self.graphs.get("kernels", {}).items():
+            out[k] += n
+        return dict(out)
+
+    def __str__(self) -> str:
+        lines = ["tpu_kernels report", "eager ops (calls / substituted / fallbacks):"]
+        for op, o in sorted(self.ops.items()):
+            fb = ", ".join(f"{k}={v}" for k, v in sorted(o["fallbacks"].items())) or "-"
+            ks = ", ".join(f"{k}x{v}" for k, v in sorted(o["kernels"].items())) or "-"
+            lines.append(f"  {op:<45} {o['calls']:>6} {o['substituted']:>6}  fallbacks: {fb}  kernels: {ks}")
+            if o.get("last_fallback"):
+                lines.append(f"      last fallback: {o['last_fallback'].splitlines()[0][:160]}")
+        lines.append(f"time in kernels: {self.kernel_time_s * 1e3:.2f} ms (first-call preparation {self.prepare_time_s * 1e3:.1f} ms)")
+        c = self.cache
+        lines.append(
+            f"compile cache: {c.get('memory_hits', 0)} memory hits, {c.get('disk_hits', 0)} disk hits, "
+            f"{c.get('misses', 0)} misses, {c.get('compiles', 0)} compiles ({c.get('compile_time_s', 0.0):.2f} s)"
+        )
+        g = self.graphs
+        lines.append(
+            f"graph programs: {g.get('compiled', 0)} compiled, {g.get('memo_hits', 0)} reused by fingerprint, "
+            f"{g.get('runs', 0)} runs ({g.get('run_time_s', 0.0) * 1e3:.2f} ms), {g.get('lower_errors', 0)} lowering errors"
+        )
+        if g.get("kernels"):
+            lines.append("  kernels inlined: " + ", ".join(f"{k}x{v}" for k, v in sorted(g["kernels"].items())))
+        f = self.fused
+        if f["flushes"]:
+            reasons = ", ".join(f"{k}={v}" for k, v in sorted(f["reasons"].items()))
+            lines.append(f"fused: {f['flushes']} programs run over {f['ops']} recorded ops (materialised by: {reasons})")
+        cg = self.compiled
+        if cg["graphs"]:
+            lines.append(f"torch.compile: {len(cg['graphs'])} graphs lowered")
+            for gr in cg["graphs"]:
+                lines.append(f"  {gr['name']}: {gr['nodes']} nodes, kernels: {', '.join(gr['kernels']) or '-'}")
+            if cg["eager_nodes"]:
+                lines.append("  nodes run in PyTorch:")
+                for op, n in sorted(cg["eager_nodes"].items()):
+                    lines.append(f"    {op} x{n}: {cg['eager_reasons'][op][:160]}")
+        return "\n".join(lines)
+
+
+def report() -> Report:
+    """The counters since the process started."""
+    s = native().stats()
+    ops = {op: dict(o, fallbacks=dict(o["fallbacks"]), kernels=dict(o["kernels"])) for op, o in s["ops"].items()}
+    with LOCAL.lock:
+        for op, cats in LOCAL.fallbacks.items():
+            o = ops.setdefault(op, {"calls": 0, "substituted": 0, "fallbacks": {}, "last_fallback": None, "kernels": {}})
+            for cat, n in cats.items():
+                o["fallbacks"][cat] = o["fallbacks"].get(cat, 0) + n
+                o["calls"] += n
+            o["last_fallback"] = LOCAL.last.get(op, o["last_fallback"])
+        fused = {"flushes": LOCAL.fused_flushes, "ops": LOCAL.fused_ops, "reasons": dict(LOCAL.fused_reasons)}
+        compiled = {
+            "graphs": list(LOCAL.compiled_graphs),
+            "eager_nodes": dict(LOCAL.eager_nodes),
+            "eager_reasons": dict(LOCAL.eager_reasons),
+        }
+    return Report(
+        ops=ops,
+        kernel_time_s=s["kernel_time_s"],
+        prepare_time_s=s["prepare_time_s"],
+        cache=dict(s["cache"]),
+        graphs=dict(s["graphs"]),
+        fused=fused,
+        compiled=compiled,
+    )

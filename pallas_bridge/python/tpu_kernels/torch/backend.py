@@ -1,0 +1,276 @@
+"""The `torch.compile` backend `"tpu_kernels"`, built on aot_autograd.
+
+aot_autograd hands over functionalized ATen graphs (the forward, and the backward when
+training) with shapes and dtypes in `node.meta['val']`. Each graph is written in the registry's
+graph JSON and lowered to ONE StableHLO program (registered kernels inlined as private
+functions reached by `func.call`), compiled once (cached by fingerprint) and run on the PJRT CPU
+client. Nodes the lowering cannot take split the graph: the lowerable runs become programs, the
+rest run in PyTorch, and `report()` lists them with the reason.
+
+Decompositions: the core ATen table minus its three scaled-dot-product entries; with them,
+SDPA gradients are silently wrong while training.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from . import _stats as _report
+from ._bindings import op_key
+from ._native import native
+from ._output import as_tensor
+from .graph import Unencodable, dumps, fx_to_json
+
+_MAX_SPLITS = 8
+
+
+def decompositions() -> dict:
+    """Core ATen decompositions, minus the SDPA entries and minus every op a registered kernel
+    binds (so the kernel, not its decomposition, reaches the graph)."""
+    from torch._decomp import core_aten_decompositions
+
+    from ._bindings import TABLE, resolve_overload
+
+    table = dict(core_aten_decompositions())
+    TABLE.refresh()
+    for key in TABLE.by_op:
+        func = resolve_overload(key)
+        if func is not None:
+            table.pop(func, None)
+    for op in (
+        torch.ops.aten.scaled_dot_product_attention.default,
+        torch.ops.aten._scaled_dot_product_attention_math.default,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+    ):
+        table.pop(op, None)
+    return table
+
+
+def _out_meta(gm: torch.fx.GraphModule):
+    """(single, [meta val or None per output]) of a graph's output node."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    (result,) = out.args
+    single = not isinstance(result, (tuple, list))
+    items = [result] if single else list(result)
+    return single, [None if r is None else r.meta.get("val") for r in items]
+
+
+class _Program:
+    """Runs one lowered graph; on a runtime failure, runs the graph in PyTorch instead."""
+
+    def __init__(self, program, gm: torch.fx.GraphModule) -> None:
+        self.program = program
+        self.gm = gm
+        self.single, self.metas = _out_meta(gm)
+
+    def __call__(self, *args):
+        if len(args) == 1 and isinstance(args[0], list):
+            args = tuple(args[0])
+        try:
+            tensors = [a.detach().contiguous() for a in args]
+            caps = self.program.run(tensors)
+        except Exception as e:  # a kernel-side failure: run the graph in PyTorch
+            _report.record_fallback(f"graph:{self.program.name}", "execute", f"{type(e).__name__}: {e}")
+            return self.gm(*args)
+        outs = []
+        it = iter(caps)
+        for meta in self.metas:
+            if meta is None:
+                outs.append(None)
+                continue
+            t = as_tensor(next(it))
+            if isinstance(meta, torch.Tensor) and t.dim() > 1 and tuple(meta.stride()) != tuple(t.stride()):
+                t = torch.empty_strided(meta.shape, meta.stride(), dtype=t.dtype).copy_(t)
+            outs.append(t)
+        return outs[0] if self.single else tuple(outs)
+
+
+def _lower(gm: torch.fx.GraphModule, name: str):
+    from ._bindings import refused_kernels
+
+    return native().compile_graph(dumps(fx_to_json(gm, name)), refused_kernels())
+
+
+_NODE_RE = re.compile(r"node `([^`]+)`")
+
+
+def _supported_pred(supported: set[str], bad: set[str]):
+    def ok(node: torch.fx.Node) -> bool:
+        if node.op != "call_function" or node.name in bad:
+            return False
+        if node.target is operator.getitem:
+            src = node.args[0]
+            return isinstance(src, torch.fx.Node) and ok(src)
+        if not isinstance(node.target, torch._ops.OpOverload):
+            return False
+        val = node.meta.get("val")
+        vals = list(val) if isinstance(val, (tuple, list)) else [val]
+        if not all(isinstance(v, torch.Tensor) for v in vals):
+            return False
+        return op_key(node.target) in supported
+
+    return ok
+
+
+def compile_graph_module(gm: torch.fx.GraphModule, name: str):
+    """Lowers `gm` (ATen, static shapes) into one or more programs; returns a callable."""
+    supported = set(native().supported_ops())
+    bad: set[str] = set()
+    reasons: dict[str, str] = {}
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    for _ in range(_MAX_SPLITS):
+        ok = _supported_pred(supported, bad)
+        for n in calls:
+            if not ok(n) and n.target is not operator.getitem and n.name not in bad:
+                bad.add(n.name)
+                key = op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target)
+                reasons.setdefault(key, "no lowering for this op" if key not in supported else "unsupported values")
+        if not bad:
+            try:
+                program = _lower(gm, name)
+            except (ValueError, Unencodable) as e:
+                if not _blame(gm, str(e), bad, reasons):
+                    break
+                continue
+            _report.record_graph(name, program.kernels, len(calls), {})
+            return _Program(program, gm)
+        result = _split(gm, name, ok, bad, reasons)
+        if result is not None:
+            return result
+    # Nothing lowers: the whole graph runs in PyTorch.
+    eager = {op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target): reasons.get(
+        op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target), "graph not lowered")
+        for n in calls if n.target is not operator.getitem}
+    _report.record_graph(name, [], len(calls), eager)
+    return gm
+
+
+def _blame(gm, message: str, bad: set[str], reasons: dict[str, str]) -> bool:
+    """Marks the nodes a lowering error names as not lowerable; False when it names none."""
+    names = {n.name: n for n in gm.graph.nodes}
+    found = False
+    for nm in _NODE_RE.findall(message):
+        node = names.get(nm)
+        if node is not None and nm not in bad and node.op == "call_function":
+            bad.add(nm)
+            key = op_key(node.target) if isinstance(node.target, torch._ops.OpOverload) else str(node.target)
+            reasons[key] = message.splitlines()[0][:300]
+            found = True
+    return found
+
+
+def _split(gm, name, ok, bad, reasons):
+    """Partitions `gm` into lowerable runs (programs) and PyTorch nodes; None to retry after
+    marking more nodes bad."""
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node):
+            return ok(node)
+
+    work = _copy(gm)
+    partitioner = CapabilityBasedPartitioner(work, Support(), allows_single_node_partition=True)
+    partitions = partitioner.propose_partitions()
+    fused = partitioner.fuse_partitions(partitions)
+    kernels: list[str] = []
+    for child_name, child in list(fused.named_children()):
+        if not isinstance(child, torch.fx.GraphModule):
+            continue
+        for ph in child.graph.nodes:
+            if ph.op == "placeholder" and "val" not in ph.meta:
+                _fill_placeholder_meta(fused, child_name, child)
+                break
+        try:
+            program = _lower(child, f"{name}_{child_name}")
+        except (ValueError, Unencodable) as e:
+            if _blame(gm, str(e), bad, reasons):
+                return None
+            # The error names no node of the original graph: run this part in PyTorch.
+            for n in child.graph.nodes:
+                if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+                    reasons.setdefault(op_key(n.target), str(e).splitlines()[0][:300])
+                    bad.add(n.name)
+            return None
+        kernels.extend(program.kernels)
+        setattr(fused, child_name, _ProgramModule(program, child))
+    eager = {}
+    for n in fused.graph.nodes:
+        if n.op == "call_function" and n.target is not operator.getitem:
+            key = op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target)
+            eager[key] = reasons.get(key, "not lowerable")
+    _report.record_graph(name, kernels, sum(1 for n in gm.graph.nodes if n.op == "call_function"), eager)
+    return fused
+
+
+def _copy(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of `gm` whose graph can be rewritten (node metadata shared, shallowly)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _fill_placeholder_meta(parent, child_name, child) -> None:
+    call = next(n for n in parent.graph.nodes if n.op == "call_module" and n.target == child_name)
+    phs = [n for n in child.graph.nodes if n.op == "placeholder"]
+    for ph, arg in zip(phs, call.args):
+        if isinstance(arg, torch.fx.Node) and "val" in arg.meta:
+            ph.meta["val"] = arg.meta["val"]
+
+
+class _ProgramModule(torch.nn.Module):
+    def __init__(self, program, gm) -> None:
+        super().__init__()
+        self.run = _Program(program, gm)
+
+    def forward(self, *args):
+        return self.run(*args)
+
+
+def _compiler(kind: str):
+    counter = [0]
+
+    def compile_fn(gm: torch.fx.GraphModule, example_inputs):
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        counter[0] += 1
+        name = f"{kind}_{counter[0]}"
+        try:
+            compiled = compile_graph_module(gm, name)
+        except Exception as e:  # never fail the user's compile: the graph runs in PyTorch
+            _report.record_fallback(f"graph:{name}", "lower", f"{type(e).__name__}: {e}")
+            compiled = gm
+
+        def run(*args):
+            return compiled(*args)
+
+        return make_boxed_func(run)
+
+    return compile_fn
+
+
+def tpu_kernels_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
+    """The `torch.compile` backend: aot_autograd with forward and backward graphs lowered to
+    StableHLO programs run on PJRT."""
+    backend = aot_autograd(
+        fw_compiler=_compiler("forward"),
+        bw_compiler=_compiler("backward"),
+        decompositions=decompositions(),
+    )
+    return backend(gm, example_inputs, **kwargs)
+
+
+def _register() -> None:
+    from torch._dynamo.backends import registry
+
+    registry._lazy_import()
+    if "tpu_kernels" not in registry._BACKENDS:
+        registry.register_backend(compiler_fn=tpu_kernels_backend, name="tpu_kernels")
+
+
+_register()

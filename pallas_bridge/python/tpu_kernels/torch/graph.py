@@ -1,0 +1,155 @@
+"""FX graphs of ATen ops -> the registry's graph JSON format (`registry/src/graph/mod.rs`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import operator
+
+import torch
+
+from ._bindings import op_key
+
+FORMAT_VERSION = 1
+
+DTYPES = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.bfloat16: "bf16",
+    torch.float16: "f16",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.uint32: "u32",
+    torch.bool: "bool",
+}
+
+
+class Unencodable(TypeError):
+    """A node or value the JSON format cannot describe."""
+
+
+def short_type(val) -> str:
+    if not isinstance(val, torch.Tensor):
+        raise Unencodable(f"expected a tensor, got {type(val).__name__}")
+    dtype = DTYPES.get(val.dtype)
+    if dtype is None:
+        raise Unencodable(f"dtype {val.dtype} has no tpu-kernels spelling")
+    dims = []
+    for d in val.shape:
+        if not isinstance(d, int):
+            raise Unencodable(f"symbolic dimension {d}")
+        dims.append(str(d))
+    return f"{dtype}[{','.join(dims)}]"
+
+
+def json_float(x: float):
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+def encode_arg(a, ref):
+    """One argument; `ref(x)` maps a tensor-valued thing (FX node, or a recorded tensor) to a
+    reference dict, or None when `a` is not one."""
+    r = ref(a)
+    if r is not None:
+        return {"tensor": r}
+    if a is None:
+        return "none"
+    if isinstance(a, bool):
+        return {"bool": a}
+    if isinstance(a, int):
+        return {"int": a}
+    if isinstance(a, float):
+        return {"float": json_float(a)}
+    if isinstance(a, str):
+        return {"string": a}
+    if isinstance(a, torch.dtype):
+        return {"dtype": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    if isinstance(a, torch.layout):
+        return {"layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format):
+        return {"memory_format": str(a).removeprefix("torch.")}
+    if isinstance(a, (list, tuple)):
+        if a and all(isinstance(x, bool) for x in a):
+            return {"bool_list": list(a)}
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in a):
+            return {"int_list": list(a)}
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a):
+            return {"float_list": [json_float(float(x)) for x in a]}
+        refs = [None if x is None else ref(x) for x in a]
+        if all(r is not None or x is None for r, x in zip(refs, a)):
+            return {"tensor_list": refs}
+    raise Unencodable(f"cannot encode argument {a!r} ({type(a).__name__})")
+
+
+def node_json(name: str, func, args, kwargs, outputs: list[str], ref) -> dict:
+    schema = func._schema
+    node = {
+        "name": name,
+        "op": op_key(func),
+        "args": [encode_arg(a, ref) for a in args],
+        "arg_names": [a.name for a in schema.arguments],
+        "outputs": outputs,
+    }
+    if kwargs:
+        node["kwargs"] = {k: encode_arg(v, ref) for k, v in sorted(kwargs.items())}
+    return node
+
+
+def fx_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
+    """The JSON of an ATen FX graph whose nodes carry `meta['val']` (what aot_autograd gives)."""
+    refs: dict[torch.fx.Node, dict] = {}
+
+    def ref(x):
+        if isinstance(x, torch.fx.Node):
+            if x not in refs:
+                raise Unencodable(f"node `{x.name}` has no tensor value here")
+            return refs[x]
+        return None
+
+    inputs, nodes, outputs = [], [], []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            inputs.append({"name": node.name, "type": short_type(node.meta.get("val"))})
+            refs[node] = {"node": node.name}
+        elif node.op == "call_function" and node.target is operator.getitem:
+            src, index = node.args
+            base = ref(src)
+            refs[node] = {"node": base["node"], **({"output": index} if index else {})}
+        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            val = node.meta.get("val")
+            vals = list(val) if isinstance(val, (tuple, list)) else [val]
+            try:
+                out_types = [short_type(v) for v in vals]
+            except Unencodable as e:
+                raise Unencodable(f"node `{node.name}` ({op_key(node.target)}): {e}") from None
+            try:
+                nodes.append(node_json(node.name, node.target, node.args, node.kwargs, out_types, ref))
+            except Unencodable as e:
+                raise Unencodable(f"node `{node.name}` ({op_key(node.target)}): {e}") from None
+            refs[node] = {"node": node.name}
+        elif node.op == "output":
+            (result,) = node.args
+            result = result if isinstance(result, (tuple, list)) else (result,)
+            for r in result:
+                if r is None:
+                    outputs.append(None)
+                elif isinstance(r, torch.fx.Node):
+                    outputs.append(ref(r))
+                else:
+                    raise Unencodable(f"graph output {r!r} is not a tensor")
+        else:
+            raise Unencodable(f"node `{node.name}`: unsupported FX node {node.op} {node.target}")
+    return {"version": FORMAT_VERSION, "name": name, "inputs": inputs, "nodes": nodes, "outputs": outputs}
+
+
+def dumps(graph: dict) -> str:
+    return json.dumps(graph, separators=(",", ":"), sort_keys=True)

@@ -1,0 +1,793 @@
+//! The PyTorch side of the extension, `tpu_kernels._native.torch_bridge`.
+//!
+//! - Eager dispatch: [`call`] takes torch tensors through DLPack (zero-copy: the kernel reads
+//!   the tensor's memory where it is), runs the op's selected kernel through the dispatcher and
+//!   hands the PJRT output buffers back as DLPack capsules that own them (zero-copy on the CPU
+//!   plugin, whose device memory is host memory). A call that runs no kernel answers a
+//!   fallback tuple instead, so the Python side runs the original op.
+//! - Graphs: [`compile_graph`] lowers an ATen graph (the registry's graph JSON) to one
+//!   StableHLO module with registered kernels inlined, compiles it once per graph and returns a
+//!   [`GraphProgram`] that runs it on torch tensors.
+//! - Metadata for the Python side: the kernels and their schema bindings, the ops a graph can
+//!   lower, output types from a kernel's shape rule, and the counters behind `report()`.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor};
+use dlpark::metadata::Dynamic;
+use dlpark::python::consumer::exchange::ExchangeApi;
+use dlpark::python::{ImportedDlpack, from_dlpack};
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use tpu_kernels::registration::{BindingKind, KernelSignature, Platform, StaticKind, StaticValue};
+use tpu_kernels::{DType, Shape, TensorType};
+use tpu_kernels_registry::cache::CompileCache;
+use tpu_kernels_registry::dispatch::{dtype_of, element_type};
+use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall};
+use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program};
+use tpu_kernels_registry::{
+    CallMeta, DispatchError, Dispatcher, HostTensor, Index, Registry, normalize_op,
+};
+
+/// Counters of the graph path.
+#[derive(Debug, Default)]
+struct GraphStats {
+    compiled: u64,
+    memo_hits: u64,
+    runs: u64,
+    run_nanos: u64,
+    lower_errors: u64,
+    /// Kernel name -> how many graph programs inlined it.
+    kernels: BTreeMap<String, u64>,
+}
+
+/// The process-wide runtime of the bridge: one PJRT CPU client, its dispatcher and the
+/// compiled graph programs.
+#[derive(Debug)]
+struct Runtime {
+    dispatcher: Dispatcher,
+    cache: Arc<CompileCache>,
+    platform: Platform,
+    programs: Mutex<HashMap<String, Arc<ProgramInner>>>,
+    graph_stats: Mutex<GraphStats>,
+}
+
+static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
+
+fn make_runtime(py: Python<'_>) -> Result<Runtime, String> {
+    let registry = Registry::global().map_err(|e| format!("kernel registry: {e}"))?;
+    // The extension's shared PJRT CPU client and compile cache (one plugin, one thread pool).
+    let client = crate::runtime::cpu_client(py).map_err(|e| e.to_string())?;
+    let cache = crate::runtime::cache();
+    let dispatcher =
+        Dispatcher::new(registry, client, cache.clone()).map_err(|e| format!("dispatcher: {e}"))?;
+    let platform = dispatcher.platform();
+    Ok(Runtime {
+        dispatcher,
+        cache,
+        platform,
+        programs: Mutex::new(HashMap::new()),
+        graph_stats: Mutex::new(GraphStats::default()),
+    })
+}
+
+fn runtime(py: Python<'_>) -> PyResult<&'static Runtime> {
+    RUNTIME
+        .get_or_init(|| make_runtime(py))
+        .as_ref()
+        .map_err(|e| PyRuntimeError::new_err(e.clone()))
+}
+
+// ----- DLPack in -----
+
+/// A torch tensor imported through DLPack: the managed tensor keeps its memory alive.
+struct Imported {
+    _owner: ImportedDlpack,
+    ty: TensorType,
+    ptr: *const u8,
+    len: usize,
+    contiguous: bool,
+}
+
+impl Imported {
+    fn bytes(&self) -> &[u8] {
+        if self.len == 0 || self.ptr.is_null() {
+            return &[];
+        }
+        // SAFETY: `ptr` and `len` come from the validated DLPack descriptor of a compact CPU
+        // tensor (checked in `import_tensor`), whose memory `_owner` keeps alive as long as
+        // `self`; nothing writes it while the kernel reads it (the Python caller holds the GIL
+        // and the tensor for the whole call).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+fn dtype_from_dl(t: DLDataType) -> Option<DType> {
+    if t.lanes != 1 {
+        return None;
+    }
+    Some(match (t.code, t.bits) {
+        (DLDataTypeCode::FLOAT, 32) => DType::F32,
+        (DLDataTypeCode::FLOAT, 64) => DType::F64,
+        (DLDataTypeCode::FLOAT, 16) => DType::F16,
+        (DLDataTypeCode::BFLOAT, 16) => DType::BF16,
+        (DLDataTypeCode::INT, 8) => DType::I8,
+        (DLDataTypeCode::INT, 16) => DType::I16,
+        (DLDataTypeCode::INT, 32) => DType::I32,
+        (DLDataTypeCode::INT, 64) => DType::I64,
+        (DLDataTypeCode::UINT, 8) => DType::U8,
+        (DLDataTypeCode::UINT, 32) => DType::U32,
+        (DLDataTypeCode::BOOL, 8) => DType::Bool,
+        _ => return None,
+    })
+}
+
+fn dl_from_dtype(d: DType) -> Option<DLDataType> {
+    let (code, bits) = match d {
+        DType::F32 => (DLDataTypeCode::FLOAT, 32),
+        DType::F64 => (DLDataTypeCode::FLOAT, 64),
+        DType::F16 => (DLDataTypeCode::FLOAT, 16),
+        DType::BF16 => (DLDataTypeCode::BFLOAT, 16),
+        DType::I8 => (DLDataTypeCode::INT, 8),
+        DType::I16 => (DLDataTypeCode::INT, 16),
+        DType::I32 => (DLDataTypeCode::INT, 32),
+        DType::I64 => (DLDataTypeCode::INT, 64),
+        DType::U8 => (DLDataTypeCode::UINT, 8),
+        DType::U32 => (DLDataTypeCode::UINT, 32),
+        DType::Bool => (DLDataTypeCode::BOOL, 8),
+        _ => return None,
+    };
+    Some(DLDataType::scalar(code, bits))
+}
+
+/// The DLPack C exchange table of `obj`'s type (torch tensors have one), if any.
+fn exchange_api(obj: &Bound<'_, PyAny>) -> Option<ExchangeApi> {
+    ExchangeApi::from_object(obj.as_borrowed()).ok().flatten()
+}
+
+/// Imports input `i`; `Err` is a bad-input reason (the call falls back). Through the producer's
+/// C exchange table when it has one (no capsule, no Python call), else `__dlpack__`.
+fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported, String> {
+    let owner = match exchange_api(obj) {
+        Some(api) => {
+            let (managed, _stream) = api
+                .import_managed_no_sync(obj.as_borrowed())
+                .map_err(|e| format!("input {i} is not a DLPack tensor: {e}"))?
+                .into_parts();
+            ImportedDlpack::Versioned(managed)
+        }
+        None => from_dlpack(obj.as_borrowed(), None, None)
+            .map_err(|e| format!("input {i} is not a DLPack tensor: {e}"))?,
+    };
+    let t = owner.validate().map_err(|e| format!("input {i}: invalid DLPack tensor: {e}"))?;
+    let device = t.device();
+    if device.device_type != DLDeviceType::CPU {
+        return Err(format!(
+            "input {i} is on DLPack device type {} (only CPU memory feeds the PJRT CPU client)",
+            device.device_type.0
+        ));
+    }
+    let dtype = dtype_from_dl(t.dtype()).ok_or_else(|| {
+        format!(
+            "input {i} has a DLPack dtype (code {}, {} bits) no kernel takes",
+            t.dtype().code.0,
+            t.dtype().bits
+        )
+    })?;
+    let dims: Vec<u64> = t.shape().iter().map(|d| *d as u64).collect();
+    let contiguous = t.is_compact().unwrap_or(false);
+    let len = if contiguous { t.num_bytes() } else { 0 };
+    let ptr = if len == 0 {
+        std::ptr::null()
+    } else {
+        t.data_ptr().cast::<u8>().wrapping_add(t.byte_offset() as usize)
+    };
+    let ty = TensorType::new(dtype, Shape::of(&dims));
+    Ok(Imported { _owner: owner, ty, ptr, len, contiguous })
+}
+
+fn import_all(tensors: &Bound<'_, PyList>) -> Result<Vec<Imported>, String> {
+    tensors.iter().enumerate().map(|(i, t)| import_tensor(&t, i)).collect()
+}
+
+// ----- DLPack out -----
+
+/// `buffer` as a Python object that owns it and points at its memory: a torch tensor made by
+/// the exchange table `api` when given (no capsule, no Python call), else a DLPack capsule.
+fn export_buffer<'py>(
+    py: Python<'py>,
+    buffer: Buffer,
+    api: Option<&ExchangeApi>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let dims = buffer.dims().to_vec();
+    let ty = buffer.element_type();
+    let dtype = dtype_of(ty).and_then(dl_from_dtype).ok_or_else(|| {
+        PyTypeError::new_err(format!("output element type {ty:?} has no DLPack dtype"))
+    })?;
+    let ptr = if buffer.byte_size() == 0 {
+        std::ptr::NonNull::<u64>::dangling().as_ptr().cast::<u8>()
+    } else {
+        buffer
+            .read_in_place(|bytes| bytes.as_ptr())
+            .map_err(|e| PyRuntimeError::new_err(format!("reading a kernel output: {e}")))?
+    };
+    fn export_err(e: impl std::fmt::Display) -> PyErr {
+        PyRuntimeError::new_err(format!("DLPack export: {e}"))
+    }
+    if let Some(api) = api {
+        let mut init = Dynamic::compact(dims).initialize(Box::new(buffer)).map_err(export_err)?;
+        init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(DLDevice::CPU);
+        // SAFETY: as below (same buffer, pointer and layout), in the versioned ABI.
+        let managed = unsafe { init.finish() };
+        return api.managed_tensor_to_py_object_no_sync(managed, py);
+    }
+    let mut init = Dynamic::compact(dims)
+        .initialize_as::<DLManagedTensor>(Box::new(buffer))
+        .map_err(export_err)?;
+    init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(DLDevice::CPU);
+    // SAFETY: `ptr` is the host address of the PJRT buffer owned by the managed tensor's
+    // context (it lives until the consumer calls the deleter), the buffer is ready
+    // (`read_in_place` waited), and its layout is dense row-major with exactly these dims and
+    // this element type, which the compact metadata describes.
+    let managed = unsafe { init.finish() };
+    managed.into_pyobject(py)
+}
+
+/// Exports every buffer, as torch tensors when `like` (an input) has an exchange table.
+fn export_all<'py>(
+    py: Python<'py>,
+    buffers: Vec<Buffer>,
+    like: Option<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyList>> {
+    let api = like.as_ref().and_then(exchange_api);
+    let out = PyList::empty(py);
+    for b in buffers {
+        out.append(export_buffer(py, b, api.as_ref())?)?;
+    }
+    Ok(out)
+}
+
+// ----- statics -----
+
+/// Static parameter names are `&'static str` in kernel records; calls from Python intern theirs.
+fn intern_name(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
+    let names = NAMES.get_or_init(|| Mutex::new(HashMap::new()));
+    let Ok(mut names) = names.lock() else { return "" };
+    if let Some(n) = names.get(name) {
+        return n;
+    }
+    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
+    names.insert(name.to_owned(), leaked);
+    leaked
+}
+
+fn static_value(v: &Bound<'_, PyAny>) -> PyResult<StaticValue> {
+    if v.is_instance_of::<PyBool>() {
+        Ok(StaticValue::Bool(v.extract()?))
+    } else if v.is_instance_of::<PyInt>() {
+        Ok(StaticValue::Int(v.extract()?))
+    } else if v.is_instance_of::<PyFloat>() {
+        Ok(StaticValue::Float(v.extract()?))
+    } else if v.is_instance_of::<PyString>() {
+        Ok(StaticValue::Str(v.extract()?))
+    } else {
+        Err(PyTypeError::new_err(format!(
+            "static value {} is not a bool, int, float or str",
+            v.repr()?
+        )))
+    }
+}
+
+fn statics_of(statics: &Bound<'_, PyList>) -> PyResult<Vec<(&'static str, StaticValue)>> {
+    statics
+        .iter()
+        .map(|item| {
+            let (name, value): (String, Bound<'_, PyAny>) = item.extract()?;
+            Ok((intern_name(&name), static_value(&value)?))
+        })
+        .collect()
+}
+
+fn static_to_py<'py>(py: Python<'py>, v: &StaticValue) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        StaticValue::Int(i) => i.into_pyobject(py)?.into_any(),
+        StaticValue::Float(f) => f.into_pyobject(py)?.into_any(),
+        StaticValue::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+        StaticValue::Str(s) => PyString::new(py, s).into_any(),
+    })
+}
+
+// ----- eager calls -----
+
+/// The kernel the registry selects for a call (what the dispatcher just ran).
+fn selected(
+    rt: &Runtime,
+    op: &str,
+    imported: &[Imported],
+    statics: &[(&'static str, StaticValue)],
+) -> Option<String> {
+    let sig = KernelSignature {
+        inputs: imported.iter().map(|t| t.ty.clone()).collect(),
+        statics: statics.to_vec(),
+    };
+    let contiguous: Vec<bool> = imported.iter().map(|t| t.contiguous).collect();
+    let meta = CallMeta { sig: &sig, contiguous: &contiguous, platform: rt.platform };
+    rt.dispatcher.registry().select(&normalize_op(op), &meta).ok().map(|k| k.name().to_owned())
+}
+
+/// Runs `op` on `tensors` (torch tensors, DLPack producers) with `statics` (`[(name, value)]`)
+/// through the selected kernel. Returns the output itself (a torch tensor, or a DLPack capsule
+/// for producers without an exchange table) when there is one and `with_kernel` is false, else
+/// `(kernel, [output, ...])` (the kernel's name only when `with_kernel`); when no kernel ran, a
+/// 3-tuple `(kernel or None, category, message)`; category `dlpack` means an input could not
+/// be imported (the dispatcher never saw the call, so its counters do not include it).
+#[pyfunction]
+fn call<'py>(
+    py: Python<'py>,
+    op: &str,
+    tensors: &Bound<'py, PyList>,
+    statics: &Bound<'py, PyList>,
+    with_kernel: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let rt = runtime(py)?;
+    let statics = statics_of(statics)?;
+    let imported = match import_all(tensors) {
+        Ok(v) => v,
+        Err(reason) => {
+            let op = normalize_op(op);
+            return Ok(PyTuple::new(
+                py,
+                [
+                    None::<String>.into_pyobject(py)?.into_any(),
+                    // Not seen by the dispatcher (so not in its counters): the caller counts it.
+                    "dlpack".into_pyobject(py)?.into_any(),
+                    format!("`{op}` falls back: bad input: {reason}").into_pyobject(py)?.into_any(),
+                ],
+            )?
+            .into_any());
+        }
+    };
+    let inputs: Vec<HostTensor<'_>> = imported
+        .iter()
+        .map(|t| HostTensor { ty: &t.ty, data: t.bytes(), contiguous: t.contiguous })
+        .collect();
+    match rt.dispatcher.call(op, &inputs, &statics) {
+        Ok(mut buffers) if !with_kernel && buffers.len() == 1 => {
+            // The common case, answered with the tensor itself (no containers to allocate).
+            let like = tensors.iter().next();
+            let api = like.as_ref().and_then(exchange_api);
+            let buffer = buffers.pop().ok_or_else(|| PyRuntimeError::new_err("no output"))?;
+            export_buffer(py, buffer, api.as_ref())
+        }
+        Ok(buffers) => {
+            let kernel = if with_kernel { selected(rt, op, &imported, &statics) } else { None };
+            Ok((kernel, export_all(py, buffers, tensors.iter().next())?)
+                .into_pyobject(py)?
+                .into_any())
+        }
+        Err(DispatchError::Fallback(f) | DispatchError::Strict(f)) => {
+            let message = f.to_string();
+            Ok((f.kernel, f.reason.category(), message).into_pyobject(py)?.into_any())
+        }
+        Err(other) => Err(PyRuntimeError::new_err(other.to_string())),
+    }
+}
+
+// ----- graphs -----
+
+/// Binds graph nodes to registered kernels with the registry's own selection (guards,
+/// priorities, platforms; Rust-built and imported kernels), recording which kernels it inlined.
+struct RecordingResolver {
+    inner: IndexResolver,
+    used: RefCell<Vec<String>>,
+}
+
+impl KernelResolver for RecordingResolver {
+    fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall> {
+        let kernel_call = self.inner.resolve(call)?;
+        self.used.borrow_mut().push(kernel_call.module.name.clone());
+        Some(kernel_call)
+    }
+}
+
+#[derive(Debug)]
+struct ProgramInner {
+    name: String,
+    fingerprint: String,
+    text: String,
+    executable: Arc<LoadedExecutable>,
+    inputs: Vec<TensorType>,
+    outputs: Vec<TensorType>,
+    kernels: Vec<String>,
+}
+
+/// One ATen graph compiled to one StableHLO program.
+#[pyclass(name = "GraphProgram", frozen, module = "tpu_kernels._native.torch_bridge")]
+#[derive(Debug)]
+struct GraphProgram {
+    inner: Arc<ProgramInner>,
+}
+
+fn short_types(types: &[TensorType]) -> Vec<String> {
+    types.iter().map(TensorType::short).collect()
+}
+
+#[pymethods]
+impl GraphProgram {
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// A content fingerprint of the lowered module.
+    #[getter]
+    fn fingerprint(&self) -> &str {
+        &self.inner.fingerprint
+    }
+
+    /// The lowered StableHLO text.
+    #[getter]
+    fn text(&self) -> &str {
+        &self.inner.text
+    }
+
+    /// Registered kernels inlined as private functions, in graph order.
+    #[getter]
+    fn kernels(&self) -> Vec<String> {
+        self.inner.kernels.clone()
+    }
+
+    #[getter]
+    fn input_types(&self) -> Vec<String> {
+        short_types(&self.inner.inputs)
+    }
+
+    #[getter]
+    fn output_types(&self) -> Vec<String> {
+        short_types(&self.inner.outputs)
+    }
+
+    /// Runs the program on `tensors` (contiguous CPU torch tensors of the graph's input types);
+    /// returns one DLPack capsule per output.
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        tensors: &Bound<'py, PyList>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let rt = runtime(py)?;
+        let p = &self.inner;
+        let imported = import_all(tensors)
+            .map_err(|e| PyValueError::new_err(format!("graph `{}`: {e}", p.name)))?;
+        if imported.len() != p.inputs.len() {
+            return Err(PyValueError::new_err(format!(
+                "graph `{}` takes {} inputs, got {}",
+                p.name,
+                p.inputs.len(),
+                imported.len()
+            )));
+        }
+        let start = Instant::now();
+        let mut buffers = Vec::with_capacity(imported.len());
+        for (i, (t, want)) in imported.iter().zip(&p.inputs).enumerate() {
+            if &t.ty != want || !t.contiguous {
+                return Err(PyValueError::new_err(format!(
+                    "graph `{}`: input {i} is {}{}, the graph takes {want}",
+                    p.name,
+                    t.ty,
+                    if t.contiguous { "" } else { " (not contiguous)" }
+                )));
+            }
+            let ty = element_type(t.ty.dtype).ok_or_else(|| {
+                PyTypeError::new_err(format!(
+                    "graph `{}`: input {i} dtype {} has no PJRT type",
+                    p.name, t.ty.dtype
+                ))
+            })?;
+            let dims: Vec<i64> =
+                t.ty.shape
+                    .static_dims()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|d| d as i64)
+                    .collect();
+            let buffer =
+                rt.dispatcher.client().buffer_from_bytes(t.bytes(), ty, &dims).map_err(|e| {
+                    PyRuntimeError::new_err(format!("graph `{}`: input {i}: {e}", p.name))
+                })?;
+            buffers.push(buffer);
+        }
+        let refs: Vec<&Buffer> = buffers.iter().collect();
+        let outputs = p.executable.execute(&refs).map_err(|e| {
+            PyRuntimeError::new_err(format!("graph `{}`: execute failed: {e}", p.name))
+        })?;
+        let exported = export_all(py, outputs, tensors.iter().next())?;
+        if let Ok(mut s) = rt.graph_stats.lock() {
+            s.runs += 1;
+            s.run_nanos += start.elapsed().as_nanos() as u64;
+        }
+        Ok(exported)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "GraphProgram({}, {} inputs, {} outputs, kernels={:?})",
+            self.inner.name,
+            self.inner.inputs.len(),
+            self.inner.outputs.len(),
+            self.inner.kernels
+        )
+    }
+}
+
+fn compile_inner(
+    rt: &Runtime,
+    json: &str,
+    refused: &[String],
+) -> Result<Arc<ProgramInner>, String> {
+    let graph = Graph::from_json(json).map_err(|e| e.to_string())?;
+    let mut index = rt.dispatcher.registry().index();
+    if !refused.is_empty() {
+        // Kernels whose binding the caller refused (a schema mismatch) are never inlined.
+        let kept = index.kernels().filter(|k| !refused.iter().any(|r| r == k.name())).cloned();
+        index = Arc::new(Index::build(kept.collect()).map_err(|e| e.to_string())?);
+    }
+    let resolver = RecordingResolver {
+        inner: IndexResolver::new(index, rt.platform),
+        used: RefCell::new(Vec::new()),
+    };
+    let module = graph::lower(&graph, &resolver).map_err(|e| e.to_string())?;
+    let text = module.to_text();
+    let program = Program::text(text.clone());
+    let options = CompileOptions::new();
+    let key = rt.cache.key(rt.dispatcher.client(), &program, &options);
+    let cached = rt
+        .cache
+        .get_or_compile(rt.dispatcher.client(), &program, &options)
+        .map_err(|e| format!("compile failed: {e}"))?;
+    let main = module.main();
+    Ok(Arc::new(ProgramInner {
+        name: graph.name.clone(),
+        fingerprint: key.to_hex(),
+        text,
+        executable: cached.executable,
+        inputs: main.params.clone(),
+        outputs: main.results.clone(),
+        kernels: resolver.used.into_inner(),
+    }))
+}
+
+/// Lowers a graph (the registry's JSON format) to one StableHLO program with the registered
+/// kernels inlined, compiles it (memoised on the exact graph text, then through the compile
+/// cache) and returns it. A graph that cannot be lowered raises `ValueError` naming the nodes.
+/// `refused` names kernels never to inline (their bindings were refused).
+#[pyfunction]
+#[pyo3(signature = (json, refused = Vec::new()))]
+fn compile_graph(py: Python<'_>, json: &str, refused: Vec<String>) -> PyResult<GraphProgram> {
+    let rt = runtime(py)?;
+    let memo_key = if refused.is_empty() {
+        json.to_owned()
+    } else {
+        format!("{json}\nrefused:{}", refused.join(","))
+    };
+    if let Some(p) = rt.programs.lock().ok().and_then(|m| m.get(&memo_key).cloned()) {
+        if let Ok(mut s) = rt.graph_stats.lock() {
+            s.memo_hits += 1;
+        }
+        return Ok(GraphProgram { inner: p });
+    }
+    match compile_inner(rt, json, &refused) {
+        Ok(p) => {
+            if let Ok(mut s) = rt.graph_stats.lock() {
+                s.compiled += 1;
+                for k in &p.kernels {
+                    *s.kernels.entry(k.clone()).or_default() += 1;
+                }
+            }
+            if let Ok(mut m) = rt.programs.lock() {
+                m.insert(memo_key, p.clone());
+            }
+            Ok(GraphProgram { inner: p })
+        }
+        Err(e) => {
+            if let Ok(mut s) = rt.graph_stats.lock() {
+                s.lower_errors += 1;
+            }
+            Err(PyValueError::new_err(e))
+        }
+    }
+}
+
+/// The op overloads a graph can lower: the default ATen table and every op a kernel binds.
+#[pyfunction]
+fn supported_ops(py: Python<'_>) -> PyResult<Vec<String>> {
+    let rt = runtime(py)?;
+    let mut ops: Vec<String> = graph::supported_ops().into_iter().map(str::to_owned).collect();
+    ops.extend(rt.dispatcher.registry().index().ops());
+    ops.sort();
+    ops.dedup();
+    Ok(ops)
+}
+
+// ----- kernel metadata -----
+
+fn kind_name(kind: StaticKind) -> &'static str {
+    match kind {
+        StaticKind::Int => "int",
+        StaticKind::Float => "float",
+        StaticKind::Bool => "bool",
+        StaticKind::Str => "str",
+    }
+}
+
+/// Every kernel in the registry with what the Python side binds by: ops, tensor inputs,
+/// statics `(name, kind, default)`, the schema argument names, bindings
+/// `(name, position, "tensor"|"static", index)`, dtypes, platforms, backward, doc.
+#[pyfunction]
+fn kernels<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    let rt = runtime(py)?;
+    let out = PyList::empty(py);
+    let index = rt.dispatcher.registry().index();
+    let mut all: Vec<_> = index.kernels().cloned().collect();
+    all.sort_by(|a, b| a.name().cmp(b.name()));
+    for k in all {
+        let r = &k.record;
+        let d = PyDict::new(py);
+        d.set_item("name", r.name)?;
+        d.set_item("ops", k.ops.clone())?;
+        d.set_item("inputs", r.inputs.to_vec())?;
+        let statics: Vec<(&str, &str, Option<&str>)> =
+            r.statics.iter().map(|p| (p.name, kind_name(p.kind), p.default)).collect();
+        d.set_item("statics", statics)?;
+        d.set_item("schema", r.schema.to_vec())?;
+        let bindings: Vec<(&str, usize, &str, usize)> = r
+            .bindings
+            .iter()
+            .map(|b| match b.kind {
+                BindingKind::Tensor { index } => (b.name, b.position, "tensor", index),
+                BindingKind::Static { index } => (b.name, b.position, "static", index),
+            })
+            .collect();
+        d.set_item("bindings", bindings)?;
+        d.set_item("dtypes", r.dtypes.iter().map(|t| t.short_name()).collect::<Vec<_>>())?;
+        d.set_item("platforms", r.platforms.iter().map(|p| p.name()).collect::<Vec<_>>())?;
+        d.set_item("priority", r.priority)?;
+        d.set_item("backward", r.backward)?;
+        d.set_item("runtime", k.runtime)?;
+        d.set_item("doc", r.doc)?;
+        d.set_item("canonical", r.canonical.to_vec())?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
+/// The output types `[(dtype, dims)]` kernel `name` gives for inputs `[(dtype, dims)]` and
+/// `statics`, from its output rule (building the module when the rule says so).
+#[pyfunction]
+fn output_types(
+    py: Python<'_>,
+    name: &str,
+    inputs: Vec<(String, Vec<u64>)>,
+    statics: &Bound<'_, PyList>,
+) -> PyResult<Vec<(String, Vec<u64>)>> {
+    let rt = runtime(py)?;
+    let index = rt.dispatcher.registry().index();
+    let kernel = index
+        .kernel(name)
+        .cloned()
+        .ok_or_else(|| PyValueError::new_err(format!("no kernel named `{name}`")))?;
+    let mut types = Vec::with_capacity(inputs.len());
+    for (dtype, dims) in &inputs {
+        let d = DType::from_name(dtype).ok_or_else(|| {
+            PyTypeError::new_err(format!("kernel `{name}`: unknown dtype `{dtype}`"))
+        })?;
+        types.push(TensorType::new(d, Shape::of(dims)));
+    }
+    let sig = KernelSignature { inputs: types, statics: statics_of(statics)? };
+    let sig = kernel.complete_statics(sig).map_err(PyValueError::new_err)?;
+    let outs = kernel
+        .record
+        .output_types(&sig)
+        .map_err(|e| PyValueError::new_err(format!("kernel `{name}`: {e}")))?;
+    Ok(outs
+        .iter()
+        .map(|t| (t.dtype.short_name().to_owned(), t.shape.static_dims().unwrap_or_default()))
+        .collect())
+}
+
+/// The counters: per-op eager calls, substitutions, fallbacks with reasons, kernels; kernel
+/// time; compile-cache and graph-program counters.
+#[pyfunction]
+fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let rt = runtime(py)?;
+    let s = rt.dispatcher.stats();
+    let d = PyDict::new(py);
+    let ops = PyDict::new(py);
+    for (op, st) in &s.ops {
+        let o = PyDict::new(py);
+        o.set_item("calls", st.calls)?;
+        o.set_item("substituted", st.substituted)?;
+        o.set_item(
+            "fallbacks",
+            st.fallbacks.iter().map(|(k, v)| (*k, *v)).collect::<BTreeMap<_, _>>(),
+        )?;
+        o.set_item("last_fallback", st.last_fallback.clone())?;
+        o.set_item("kernels", st.kernels.clone())?;
+        ops.set_item(op, o)?;
+    }
+    d.set_item("ops", ops)?;
+    d.set_item("kernel_time_s", s.kernel_time.as_secs_f64())?;
+    d.set_item("prepare_time_s", s.prepare_time.as_secs_f64())?;
+    let c = rt.cache.stats();
+    let cache = PyDict::new(py);
+    cache.set_item("memory_hits", c.memory_hits)?;
+    cache.set_item("disk_hits", c.disk_hits)?;
+    cache.set_item("misses", c.misses)?;
+    cache.set_item("compiles", c.compiles)?;
+    cache.set_item("compile_errors", c.compile_errors)?;
+    cache.set_item("compile_time_s", c.compile_time.as_secs_f64())?;
+    d.set_item("cache", cache)?;
+    let g = PyDict::new(py);
+    if let Ok(gs) = rt.graph_stats.lock() {
+        g.set_item("compiled", gs.compiled)?;
+        g.set_item("memo_hits", gs.memo_hits)?;
+        g.set_item("runs", gs.runs)?;
+        g.set_item("run_time_s", gs.run_nanos as f64 * 1e-9)?;
+        g.set_item("lower_errors", gs.lower_errors)?;
+        g.set_item("kernels", gs.kernels.clone())?;
+    }
+    d.set_item("graphs", g)?;
+    Ok(d)
+}
+
+/// Static values of a kernel's defaults, parsed (`{name: value}`), for building op schemas.
+#[pyfunction]
+fn static_defaults<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+    let rt = runtime(py)?;
+    let index = rt.dispatcher.registry().index();
+    let kernel = index
+        .kernel(name)
+        .cloned()
+        .ok_or_else(|| PyValueError::new_err(format!("no kernel named `{name}`")))?;
+    let d = PyDict::new(py);
+    for p in kernel.record.statics {
+        if let Some(text) = p.default {
+            let v = StaticValue::parse(p.kind, text).map_err(|e| {
+                PyValueError::new_err(format!("kernel `{name}`, static `{}`: {e}", p.name))
+            })?;
+            d.set_item(p.name, static_to_py(py, &v)?)?;
+        }
+    }
+    Ok(d)
+}
+
+/// Identifies the registry's current index (it is swapped on every runtime registration or
+/// removal): `(address, kernel count)`; a change means the kernel table must be reread.
+#[pyfunction]
+fn registry_generation(py: Python<'_>) -> PyResult<(usize, usize)> {
+    let rt = runtime(py)?;
+    let index = rt.dispatcher.registry().index();
+    Ok((Arc::as_ptr(&index) as usize, index.len()))
+}
+
+/// Adds the `torch_bridge` submodule to the extension module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    let sub = PyModule::new(py, "torch_bridge")?;
+    sub.add_function(wrap_pyfunction!(call, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(compile_graph, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(supported_ops, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(kernels, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(output_types, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(static_defaults, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(stats, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(registry_generation, &sub)?)?;
+    sub.add_class::<GraphProgram>()?;
+    m.add_submodule(&sub)?;
+    Ok(())
+}

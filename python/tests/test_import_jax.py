@@ -1,0 +1,112 @@
+"""Importing JAX functions: the decorator and function forms, new ops and ATen replacements,
+symbolic dims specialised per call, static arguments, save and load as .mlir files."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+import jax.numpy as jnp
+import pytest
+import torch
+
+import tpu_kernels as tk
+
+
+@pytest.fixture
+def cleanup():
+    before = {k["name"] for k in tk.kernels()}
+    yield
+    for k in tk.kernels():
+        if k["name"] not in before:
+            tk.unregister(k["name"])
+
+
+def test_decorator_defines_a_new_torch_op(cleanup):
+    @tk.jax_kernel(op="imp::softplus", signatures=["f32[16,128]"])
+    def softplus(x):
+        """log(1 + exp(x))."""
+        return jax.nn.softplus(x)
+
+    assert isinstance(softplus, tk.ImportedKernel) and softplus.name == "softplus"
+    assert "tpu_custom_call" not in softplus.cpu
+    for step in ("export_tpu", "export_cpu", "parse", "tpu_compile", "cpu_run", "jax_cpu", "register"):
+        assert step in softplus.timings
+    x = torch.randn(16, 128)
+    torch.testing.assert_close(torch.ops.imp.softplus(x), torch.nn.functional.softplus(x))
+    torch.testing.assert_close(softplus(x), torch.nn.functional.softplus(x))
+    assert tk.kernel("softplus")["doc"] == "log(1 + exp(x))."
+    tk.unregister("softplus")
+    assert not hasattr(torch.ops.imp, "softplus") or not torch._C._dispatch_has_kernel_for_dispatch_key(
+        "imp::softplus", "CompositeExplicitAutograd"
+    )
+
+
+def test_function_form_with_shape_dtype_structs(cleanup):
+    s = jax.ShapeDtypeStruct((8, 256), jnp.bfloat16)
+    k = tk.register_jax(lambda x, y: x * y, name="imp_mul_bf16", op="imp::mul_bf16", signatures=[(s, s)])
+    assert k.signatures == ["bf16[8,256], bf16[8,256]"]
+    x, y = torch.randn(8, 256, dtype=torch.bfloat16), torch.randn(8, 256, dtype=torch.bfloat16)
+    torch.testing.assert_close(torch.ops.imp.mul_bf16(x, y), x * y)
+
+
+def test_replaces_an_aten_op(cleanup):
+    k = tk.register_jax(jax.nn.silu, name="imp_silu", op="aten::silu", signatures=["f32[8,128]"], priority=10)
+    assert tk.select("aten::silu", "f32[8,128]") == "imp_silu"
+    d = tk.Dispatcher()
+    x = torch.randn(8, 128)
+    torch.testing.assert_close(tk.dispatch("aten::silu", x, dispatcher=d), torch.nn.functional.silu(x))
+    assert d.stats()["ops"]["aten::silu.default"]["kernels"] == {"imp_silu": 1}
+    tk.unregister(k.name)
+    assert tk.select("aten::silu", "f32[8,128]") == "silu"
+
+
+def test_symbolic_dims_are_specialised_per_call(cleanup):
+    k = tk.register_jax(
+        lambda x: jnp.cumsum(x, axis=-1), name="imp_cumsum", op="imp::cumsum",
+        signatures=["f32[B,128]"], constraints=["B >= 2"],
+    )
+    assert k.generic and "?x128xf32" in k.cpu
+    assert tk.kernel("imp_cumsum")["guards"] == ["rank(0, 2, 2)", "dim_eq(0, 1, 128)"]
+    d = tk.Dispatcher()
+    for b in (8, 24):
+        x = torch.randn(b, 128)
+        (out,) = tk.call("imp::cumsum", x, dispatcher=d)
+        torch.testing.assert_close(out, torch.cumsum(x, -1), atol=1e-4, rtol=1e-4)
+    assert d.stats()["ops"]["imp::cumsum.default"]["substituted"] == 2
+    text = tk.emit("imp_cumsum", "f32[24,128]")
+    assert "?" not in tk._native.module_signature(text)["args"][0]
+    # B = 1 violates the constraint: the specialisation fails and the call falls back.
+    with pytest.raises(tk.FallbackError, match="B"):
+        tk.call("imp::cumsum", torch.randn(1, 128), dispatcher=d)
+
+
+def test_static_arguments(cleanup):
+    def scale(x, *, factor: float):
+        return x * factor
+
+    k = tk.register_jax(scale, name="imp_scale", op="imp::scale", signatures=["f32[8,128]"], statics={"factor": 2.0})
+    assert tk.kernel("imp_scale")["statics"] == [("factor", "float", "2.0", True)]
+    assert tk.kernel("imp_scale")["canonical"] == ["f32[8,128]; factor=2.0"]
+    x = torch.randn(8, 128)
+    torch.testing.assert_close(torch.ops.imp.scale(x), x * 2.0)
+    torch.testing.assert_close(torch.ops.imp.scale(x, factor=3.0), x * 3.0)  # re-exported for 3.0
+    assert k.generic
+
+
+def test_save_and_load_mlir(cleanup, tmp_path):
+    k = tk.register_jax(lambda x: jnp.exp(x) - 1.0, name="imp_expm1", op="imp::expm1", signatures=["f32[B,128]"])
+    paths = tk.save_mlir("imp_expm1", tmp_path)
+    assert sorted(p.name for p in paths.values()) == ["imp_expm1.cpu.mlir", "imp_expm1.tpu.mlir"]
+    assert "loc(" not in paths["cpu"].read_text()
+    loaded = tk.load_mlir(
+        name="imp_expm1_loaded", op="imp::expm1_loaded", signature="f32[B,128]",
+        tpu=paths["tpu"], cpu=paths["cpu"], reference=lambda x: jnp.expm1(x),
+    )
+    assert loaded.fingerprint == k.fingerprint  # locations do not change the fingerprint
+    d = tk.Dispatcher()
+    x = torch.randn(16, 128)
+    (out,) = tk.call("imp::expm1_loaded", x, dispatcher=d)
+    torch.testing.assert_close(out, torch.expm1(x), atol=1e-5, rtol=1e-5)
