@@ -81,3 +81,14 @@ def test_entry_point_declared():
     if "tpu_kernels" in eps.names:  # installed (maturin develop): the entry point resolves
         assert eps["tpu_kernels"].load() is backend.tpu_kernels_backend
     assert "tpu_kernels" in torch._dynamo.list_backends()
+
+
+def test_dynamic_shapes_fall_back_to_pytorch():
+    def f(x):
+        return F.silu(x) * 2
+
+    torch._dynamo.reset()
+    g = torch.compile(f, backend="tpu_kernels")
+    for n in (8, 9, 10):  # the second shape makes dynamo trace with symbolic sizes
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(g(x), f(x))
