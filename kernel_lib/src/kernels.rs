@@ -114,6 +114,7 @@ pub fn silu(self_: Tensor) -> Tensor {
     defaults(eps = 1e-6),
     cache_key = [eps],
     output = same_as(x),
+    backward = rms_norm_backward,
     canonical = ["f32[8,128], f32[128]", "bf16[4,256], bf16[256]", "f32[3,5,33], f32[33]; eps=1e-5"],
 )]
 pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
@@ -121,6 +122,35 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
     let ms = (xf * xf).mean(&[-1], true);
     let normed = xf * (ms + eps).rsqrt();
     (normed * upcast(weight)).cast(x.dtype())
+}
+
+/// Gradient of [`rms_norm`] for `grad`, the gradient of its output: `(dx, dweight)`.
+///
+/// With `r = rsqrt(mean(x², -1) + eps)` and `gw = grad * weight`:
+/// `dx = r * gw - x * r³ * mean(gw * x, -1)` and `dweight = sum(grad * x * r)` over every
+/// dimension but the last. Computed in f32 for 16-bit inputs.
+#[tpu_kernel(
+    op = "tpuk::rms_norm_backward",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(grad = [.., D], x = [.., D], weight = [D]),
+    defaults(eps = 1e-6),
+    cache_key = [eps],
+    output = [same_as(x), same_as(weight)],
+    canonical = [
+        "f32[8,128], f32[8,128], f32[128]",
+        "bf16[4,256], bf16[4,256], bf16[256]",
+        "f32[3,5,33], f32[3,5,33], f32[33]; eps=1e-5",
+    ],
+)]
+pub fn rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, eps: f64) -> (Tensor, Tensor) {
+    let (gf, xf, wf) = (upcast(grad), upcast(x), upcast(weight));
+    let r = ((xf * xf).mean(&[-1], true) + eps).rsqrt();
+    let gw = gf * wf;
+    let dx = r * gw - xf * r * r * r * (gw * xf).mean(&[-1], true);
+    let leading: Vec<i64> = (0..x.rank() as i64 - 1).collect();
+    let dw = (gf * xf * r).sum(&leading, false);
+    (dx.cast(x.dtype()), dw.cast(weight.dtype()))
 }
 
 /// Layer norm over the last dimension: (out, mean, rstd).

@@ -11,7 +11,7 @@ use pyo3::types::{PyDict, PyTuple};
 use tpu_kernels::TensorType;
 use tpu_kernels::reader;
 use tpu_kernels::registration::StaticValue;
-use tpu_kernels_registry::dispatch::element_type;
+use tpu_kernels_registry::dispatch::upload;
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, Program};
 
 use crate::errors::raise;
@@ -221,22 +221,11 @@ pub fn run_module_cpu<'py>(
         .detach(|| -> Result<Vec<Buffer>, String> {
             let mut buffers = Vec::with_capacity(imported.len());
             for (i, t) in imported.iter().enumerate() {
-                let ty = element_type(t.ty.dtype)
-                    .ok_or_else(|| format!("input {i}: {} has no buffer type", t.ty))?;
                 if !t.contiguous {
                     return Err(format!("input {i} is not contiguous"));
                 }
-                let dims: Vec<i64> =
-                    t.ty.shape
-                        .static_dims()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|d| d as i64)
-                        .collect();
                 buffers.push(
-                    client
-                        .buffer_from_bytes(t.bytes(), ty, &dims)
-                        .map_err(|e| format!("input {i}: {e}"))?,
+                    upload(&client, &t.ty, t.bytes()).map_err(|e| format!("input {i}: {e}"))?,
                 );
             }
             let refs: Vec<&Buffer> = buffers.iter().collect();

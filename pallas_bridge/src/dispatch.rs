@@ -15,7 +15,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 use tpu_kernels::TensorType;
 use tpu_kernels::registration::{KernelSignature, StaticValue};
-use tpu_kernels_registry::dispatch::{OpStats, element_type};
+use tpu_kernels_registry::dispatch::{OpStats, upload};
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program};
 use tpu_kernels_registry::{
     CallMeta, DispatchError, Dispatcher, Kernel, KernelSource, normalize_op,
@@ -162,23 +162,13 @@ impl PyDispatcher {
         let start = Instant::now();
         let client = self.inner.client();
         let result = py.detach(|| -> Result<Vec<Buffer>, String> {
-            let mut buffers = Vec::with_capacity(imported.len());
-            for (i, t) in imported.iter().enumerate() {
-                let ty =
-                    element_type(t.ty.dtype).ok_or_else(|| format!("input {i}: no buffer type"))?;
-                let dims: Vec<i64> =
-                    t.ty.shape
-                        .static_dims()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|d| d as i64)
-                        .collect();
-                buffers.push(
-                    client
-                        .buffer_from_bytes(t.bytes(), ty, &dims)
-                        .map_err(|e| format!("input {i}: {e}"))?,
-                );
-            }
+            let buffers = imported
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    upload(client, &t.ty, t.bytes()).map_err(|e| format!("input {i}: {e}"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let refs: Vec<&Buffer> = buffers.iter().collect();
             executable.execute(&refs).map_err(|e| format!("execute failed: {e}"))
         });

@@ -17,7 +17,7 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use dlpark::ffi::{DLDataType, DLDataTypeCode, DLDevice, DLDeviceType, DLManagedTensor};
+use dlpark::ffi::{DLDevice, DLDeviceType, DLManagedTensor};
 use dlpark::metadata::Dynamic;
 use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::python::{ImportedDlpack, from_dlpack};
@@ -27,7 +27,7 @@ use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use tpu_kernels::registration::{BindingKind, KernelSignature, Platform, StaticKind, StaticValue};
 use tpu_kernels::{DType, Shape, TensorType};
 use tpu_kernels_registry::cache::CompileCache;
-use tpu_kernels_registry::dispatch::{dtype_of, element_type};
+use tpu_kernels_registry::dispatch::{dtype_of, upload};
 use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall};
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program};
 use tpu_kernels_registry::{
@@ -107,44 +107,6 @@ impl Imported {
     }
 }
 
-fn dtype_from_dl(t: DLDataType) -> Option<DType> {
-    if t.lanes != 1 {
-        return None;
-    }
-    Some(match (t.code, t.bits) {
-        (DLDataTypeCode::FLOAT, 32) => DType::F32,
-        (DLDataTypeCode::FLOAT, 64) => DType::F64,
-        (DLDataTypeCode::FLOAT, 16) => DType::F16,
-        (DLDataTypeCode::BFLOAT, 16) => DType::BF16,
-        (DLDataTypeCode::INT, 8) => DType::I8,
-        (DLDataTypeCode::INT, 16) => DType::I16,
-        (DLDataTypeCode::INT, 32) => DType::I32,
-        (DLDataTypeCode::INT, 64) => DType::I64,
-        (DLDataTypeCode::UINT, 8) => DType::U8,
-        (DLDataTypeCode::UINT, 32) => DType::U32,
-        (DLDataTypeCode::BOOL, 8) => DType::Bool,
-        _ => return None,
-    })
-}
-
-fn dl_from_dtype(d: DType) -> Option<DLDataType> {
-    let (code, bits) = match d {
-        DType::F32 => (DLDataTypeCode::FLOAT, 32),
-        DType::F64 => (DLDataTypeCode::FLOAT, 64),
-        DType::F16 => (DLDataTypeCode::FLOAT, 16),
-        DType::BF16 => (DLDataTypeCode::BFLOAT, 16),
-        DType::I8 => (DLDataTypeCode::INT, 8),
-        DType::I16 => (DLDataTypeCode::INT, 16),
-        DType::I32 => (DLDataTypeCode::INT, 32),
-        DType::I64 => (DLDataTypeCode::INT, 64),
-        DType::U8 => (DLDataTypeCode::UINT, 8),
-        DType::U32 => (DLDataTypeCode::UINT, 32),
-        DType::Bool => (DLDataTypeCode::BOOL, 8),
-        _ => return None,
-    };
-    Some(DLDataType::scalar(code, bits))
-}
-
 /// The DLPack C exchange table of `obj`'s type (torch tensors have one), if any.
 fn exchange_api(obj: &Bound<'_, PyAny>) -> Option<ExchangeApi> {
     ExchangeApi::from_object(obj.as_borrowed()).ok().flatten()
@@ -172,7 +134,7 @@ fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported, String> {
             device.device_type.0
         ));
     }
-    let dtype = dtype_from_dl(t.dtype()).ok_or_else(|| {
+    let dtype = crate::tensor::dtype_of_dlpack(t.dtype()).ok_or_else(|| {
         format!(
             "input {i} has a DLPack dtype (code {}, {} bits) no kernel takes",
             t.dtype().code.0,
@@ -206,7 +168,7 @@ fn export_buffer<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let dims = buffer.dims().to_vec();
     let ty = buffer.element_type();
-    let dtype = dtype_of(ty).and_then(dl_from_dtype).ok_or_else(|| {
+    let dtype = dtype_of(ty).and_then(crate::tensor::dlpack_of_dtype).ok_or_else(|| {
         PyTypeError::new_err(format!("output element type {ty:?} has no DLPack dtype"))
     })?;
     let ptr = if buffer.byte_size() == 0 {
@@ -483,23 +445,8 @@ impl GraphProgram {
                     if t.contiguous { "" } else { " (not contiguous)" }
                 )));
             }
-            let ty = element_type(t.ty.dtype).ok_or_else(|| {
-                PyTypeError::new_err(format!(
-                    "graph `{}`: input {i} dtype {} has no PJRT type",
-                    p.name, t.ty.dtype
-                ))
-            })?;
-            let dims: Vec<i64> =
-                t.ty.shape
-                    .static_dims()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|d| d as i64)
-                    .collect();
-            let buffer =
-                rt.dispatcher.client().buffer_from_bytes(t.bytes(), ty, &dims).map_err(|e| {
-                    PyRuntimeError::new_err(format!("graph `{}`: input {i}: {e}", p.name))
-                })?;
+            let buffer = upload(rt.dispatcher.client(), &t.ty, t.bytes())
+                .map_err(|e| PyTypeError::new_err(format!("graph `{}`: input {i}: {e}", p.name)))?;
             buffers.push(buffer);
         }
         let refs: Vec<&Buffer> = buffers.iter().collect();

@@ -9,7 +9,7 @@ use tpu_kernels::registration::{KernelSignature, Platform};
 use tpu_kernels::{DType, TensorType};
 
 use crate::cache::{CompileCache, Outcome};
-use crate::dispatch::{dtype_of, element_type};
+use crate::dispatch::{dtype_of, upload};
 use crate::index::Kernel;
 use crate::pjrt::{Buffer, Client, CompileOptions, Program, Topology};
 
@@ -118,18 +118,12 @@ pub fn run_kernel(
     let mut last = Vec::new();
     for _ in 0..iterations.max(1) {
         let t = Instant::now();
-        let mut buffers = Vec::with_capacity(inputs.len());
-        for (ty, data) in sig.inputs.iter().zip(&inputs) {
-            let et = element_type(ty.dtype).ok_or_else(|| format!("no buffer type for {ty}"))?;
-            let dims: Vec<i64> = ty
-                .shape
-                .static_dims()
-                .ok_or_else(|| format!("{ty} is symbolic"))?
-                .into_iter()
-                .map(|d| d as i64)
-                .collect();
-            buffers.push(client.buffer_from_bytes(data, et, &dims).map_err(|e| e.to_string())?);
-        }
+        let buffers = sig
+            .inputs
+            .iter()
+            .zip(&inputs)
+            .map(|(ty, data)| upload(client, ty, data))
+            .collect::<Result<Vec<_>, _>>()?;
         let refs: Vec<&Buffer> = buffers.iter().collect();
         last = cached.executable.execute(&refs).map_err(|e| format!("execute: {e}"))?;
         times.push(t.elapsed());

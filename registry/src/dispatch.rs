@@ -44,6 +44,29 @@ pub fn dtype_of(ty: ElementType) -> Option<DType> {
     DType::ALL.into_iter().find(|d| element_type(*d) == Some(ty))
 }
 
+/// Copies row-major `data` of type `ty` to `client`'s first device. The error names what is
+/// wrong (a dtype PJRT buffers do not carry, a symbolic shape, a length that does not match).
+pub fn upload(client: &Client, ty: &TensorType, data: &[u8]) -> Result<Buffer, String> {
+    let element = element_type(ty.dtype).ok_or_else(|| format!("{ty} has no PJRT buffer type"))?;
+    let dims: Vec<i64> = ty
+        .shape
+        .static_dims()
+        .ok_or_else(|| format!("{ty} has symbolic dimensions"))?
+        .into_iter()
+        .map(|d| d as i64)
+        .collect();
+    client.buffer_from_bytes(data, element, &dims).map_err(|e| e.to_string())
+}
+
+/// Uploads every input (see [`upload`]); the error names the input.
+pub fn upload_all(client: &Client, inputs: &[HostTensor<'_>]) -> Result<Vec<Buffer>, String> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| upload(client, t.ty, t.data).map_err(|e| format!("input {i}: {e}")))
+        .collect()
+}
+
 /// One input of an eager call: row-major host bytes (borrowed) and their type.
 #[derive(Clone, Copy, Debug)]
 pub struct HostTensor<'a> {
@@ -283,28 +306,7 @@ impl Dispatcher {
         prepared: &Prepared,
         inputs: &[HostTensor<'_>],
     ) -> Result<Vec<Buffer>, FallbackReason> {
-        let mut buffers = Vec::with_capacity(inputs.len());
-        for (i, t) in inputs.iter().enumerate() {
-            let ty = element_type(t.ty.dtype).ok_or_else(|| {
-                FallbackReason::BadInput(format!(
-                    "input {i}: {} has no PJRT buffer type",
-                    t.ty.dtype
-                ))
-            })?;
-            let dims: Vec<i64> = t
-                .ty
-                .shape
-                .static_dims()
-                .ok_or_else(|| FallbackReason::BadInput(format!("input {i} {} is symbolic", t.ty)))?
-                .into_iter()
-                .map(|d| d as i64)
-                .collect();
-            let buffer = self
-                .client
-                .buffer_from_bytes(t.data, ty, &dims)
-                .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
-            buffers.push(buffer);
-        }
+        let buffers = upload_all(&self.client, inputs).map_err(FallbackReason::BadInput)?;
         let refs: Vec<&Buffer> = buffers.iter().collect();
         prepared.executable.execute(&refs).map_err(|e| FallbackReason::Execute(e.to_string()))
     }
@@ -416,7 +418,6 @@ impl Dispatcher {
             )));
         }
         let start = Instant::now();
-        let mut buffers = Vec::with_capacity(inputs.len());
         for (i, (t, want)) in inputs.iter().zip(&graph.inputs).enumerate() {
             if *t.ty != want.ty {
                 return Err(GraphRunError::BadInput(format!(
@@ -426,21 +427,8 @@ impl Dispatcher {
                     want.ty.short()
                 )));
             }
-            let ty = element_type(t.ty.dtype)
-                .ok_or_else(|| GraphRunError::BadInput(format!("input {i}: no buffer type")))?;
-            let dims: Vec<i64> =
-                t.ty.shape
-                    .static_dims()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|d| d as i64)
-                    .collect();
-            buffers.push(
-                self.client
-                    .buffer_from_bytes(t.data, ty, &dims)
-                    .map_err(|e| GraphRunError::BadInput(format!("input {i}: {e}")))?,
-            );
         }
+        let buffers = upload_all(&self.client, inputs).map_err(GraphRunError::BadInput)?;
         let refs: Vec<&Buffer> = buffers.iter().collect();
         let out =
             cached.executable.execute(&refs).map_err(|e| GraphRunError::Execute(e.to_string()));

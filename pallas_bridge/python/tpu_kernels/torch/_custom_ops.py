@@ -16,6 +16,7 @@ import threading
 
 import torch
 
+from ._bindings import resolve_overload
 from ._native import native
 from ._output import as_tensor
 
@@ -146,12 +147,22 @@ def _register_autograd(qualname, backward, tensor_names, static_names, order, li
         ctx.save_for_backward(*[values[n] for n in tensor_names])
         ctx.statics = [(n, values[n]) for n in static_names if n in values]
 
+    bwd_statics = {s[0] for s in bwd_info.get("statics", [])}
+
     def grad_fn(ctx, grad):
         saved = [t.contiguous() for t in ctx.saved_tensors]
-        r = native().call(bwd_op, [grad.contiguous(), *saved], ctx.statics, True)
-        if len(r) == 3:
-            raise KernelOpError(f"{qualname} backward ({backward}): {r[2]}")
-        grads = [as_tensor(c) for c in r[1]]
+        statics = {n: v for n, v in ctx.statics if n in bwd_statics}
+        # Through the backward kernel's own torch op when it has one: its fake function lets
+        # AOT autograd and torch.compile trace the backward (opcheck's aot_dispatch tests).
+        op = _ops.get(bwd_op) or resolve_overload(bwd_op)
+        if op is not None:
+            out = op(grad.contiguous(), *saved, **statics)
+            grads = list(out) if isinstance(out, (tuple, list)) else [out]
+        else:
+            r = native().call(bwd_op, [grad.contiguous(), *saved], list(statics.items()), True)
+            if len(r) == 3:
+                raise KernelOpError(f"{qualname} backward ({backward}): {r[2]}")
+            grads = [as_tensor(c) for c in r[1]]
         return (*grads, *([None] * len(static_names)))
 
     if bwd_op is not None:
