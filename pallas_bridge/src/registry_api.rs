@@ -317,7 +317,7 @@ fn build_kernel(py: Python<'_>, spec: &Spec<'_>) -> PyResult<Kernel> {
         .doc(intern::intern(&spec.doc));
     Ok(Kernel {
         record,
-        source: KernelSource::Imported { variants, fingerprint },
+        source: KernelSource::Imported { variants, fingerprint, specialiser: None },
         ops: spec.ops.clone(),
         runtime: true,
     })
@@ -363,7 +363,13 @@ pub fn register_imported<'py>(
         tpu,
         cpu,
     };
-    let kernel = build_kernel(py, &spec)?;
+    let mut kernel = build_kernel(py, &spec)?;
+    if let (Some(f), KernelSource::Imported { specialiser: slot, .. }) =
+        (&specialiser, &mut kernel.source)
+    {
+        // The registry's own dispatcher and graph lowering specialise through it too.
+        *slot = Some(Arc::new(crate::runtime::PySpecialiser::new(f.clone_ref(py))));
+    }
     let registry = global(py)?;
     let registered =
         registry.register(kernel).map_err(|e| raise(py, "RegistrationError", e.to_string()))?;
@@ -424,7 +430,7 @@ pub fn kernel_info<'py>(py: Python<'py>, k: &Kernel) -> PyResult<Bound<'py, PyDi
     d.set_item("doc", r.doc)?;
     d.set_item("runtime", k.runtime)?;
     match &k.source {
-        KernelSource::Imported { variants, fingerprint } => {
+        KernelSource::Imported { variants, fingerprint, .. } => {
             d.set_item("imported", true)?;
             d.set_item("fingerprint", fingerprint.as_str())?;
             let fps = PyDict::new(py);

@@ -71,3 +71,43 @@ pub fn specialisers() -> &'static Mutex<HashMap<String, Py<PyAny>>> {
 pub fn specialiser(py: Python<'_>, name: &str) -> Option<Py<PyAny>> {
     specialisers().lock().unwrap_or_else(PoisonError::into_inner).get(name).map(|f| f.clone_ref(py))
 }
+
+/// A Python specialiser seen by the registry: `(platform, [input types], statics) -> text`,
+/// called with the GIL taken (the registry calls it from dispatch and graph lowering, with the
+/// GIL released by the caller).
+pub struct PySpecialiser {
+    callable: Py<PyAny>,
+}
+
+impl PySpecialiser {
+    pub fn new(callable: Py<PyAny>) -> PySpecialiser {
+        PySpecialiser { callable }
+    }
+}
+
+impl tpu_kernels_registry::Specialiser for PySpecialiser {
+    fn specialise(
+        &self,
+        platform: tpu_kernels::registration::Platform,
+        sig: &tpu_kernels::KernelSignature,
+    ) -> Result<String, String> {
+        use tpu_kernels::registration::StaticValue;
+        Python::attach(|py| {
+            let statics = pyo3::types::PyDict::new(py);
+            for (k, v) in &sig.statics {
+                let set = match v {
+                    StaticValue::Int(i) => statics.set_item(k, i),
+                    StaticValue::Float(f) => statics.set_item(k, f),
+                    StaticValue::Bool(b) => statics.set_item(k, b),
+                    StaticValue::Str(s) => statics.set_item(k, s),
+                };
+                set.map_err(|e| e.to_string())?;
+            }
+            let types: Vec<String> = sig.inputs.iter().map(|t| t.short()).collect();
+            self.callable
+                .call1(py, (platform.name(), types, statics))
+                .and_then(|t| t.extract::<String>(py))
+                .map_err(|e| e.to_string())
+        })
+    }
+}

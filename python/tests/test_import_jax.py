@@ -110,3 +110,35 @@ def test_save_and_load_mlir(cleanup, tmp_path):
     x = torch.randn(16, 128)
     (out,) = tk.call("imp::expm1_loaded", x, dispatcher=d)
     torch.testing.assert_close(out, torch.expm1(x), atol=1e-5, rtol=1e-5)
+
+
+def test_symbolic_kernel_is_specialised_inside_a_lowered_graph(cleanup):
+    """The registry's graph lowering specialises a generic imported kernel through its
+    specialiser and inlines it as a private function (not only the eager path)."""
+    import json
+
+    from tpu_kernels._native import torch_bridge
+
+    tk.register_jax(
+        lambda x: jnp.tanh(x) * 3.0, name="imp_tanh3", op="imp::tanh3",
+        signatures=["f32[B,128]"], constraints=["B >= 1"],
+    )
+    graph = {
+        "version": 1,
+        "name": "uses_imp_tanh3",
+        "inputs": [{"name": "x", "type": "f32[24,128]"}],
+        "nodes": [
+            {"name": "t", "op": "imp::tanh3.default", "args": [{"tensor": {"node": "x"}}],
+             "outputs": ["f32[24,128]"]},
+            {"name": "y", "op": "aten::add.Tensor",
+             "args": [{"tensor": {"node": "t"}}, {"tensor": {"node": "x"}}],
+             "outputs": ["f32[24,128]"]},
+        ],
+        "outputs": [{"node": "y"}],
+    }
+    program = torch_bridge.compile_graph(json.dumps(graph), [])
+    assert "imp_tanh3" in program.kernels
+    assert "?" not in program.text
+    x = torch.randn(24, 128)
+    (y,) = program.run([x])
+    torch.testing.assert_close(torch.as_tensor(y), torch.tanh(x) * 3 + x, atol=1e-5, rtol=1e-5)

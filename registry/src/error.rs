@@ -18,6 +18,8 @@ pub enum RegistryError {
     NotRemovable { name: String, linked: bool },
     #[error("kernel `{kernel}` has no {platform} variant")]
     NoVariant { kernel: String, platform: &'static str },
+    #[error("kernel `{kernel}` cannot be specialised to the call: {message}")]
+    Specialise { kernel: String, message: String },
     #[error(transparent)]
     Build(BuildError),
     #[error("the registry lock was poisoned by a panic in another thread")]

@@ -48,24 +48,38 @@ pub fn validate_op(op: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Specialises a generic imported kernel (symbolic dimensions, several example signatures, or
+/// static arguments) to one concrete call: the module text for `platform` with every shape
+/// static. The Python package provides one per `register_jax` kernel (jax re-export, or jaxlib's
+/// shape refinement of the symbolic module).
+pub trait Specialiser: Send + Sync {
+    fn specialise(&self, platform: Platform, sig: &KernelSignature) -> Result<String, String>;
+}
+
 /// Where a kernel's module comes from.
 #[derive(Clone)]
 pub enum KernelSource {
     /// Built per signature by Rust code (`#[tpu_kernel]` or a hand-written record).
     Built,
     /// Pre-lowered StableHLO text per platform (an imported Pallas/JAX kernel). A TPU-only
-    /// payload (`tpu_custom_call`) is only ever listed under [`Platform::Tpu`].
-    Imported { variants: Vec<(Platform, Arc<str>)>, fingerprint: String },
+    /// payload (`tpu_custom_call`) is only ever listed under [`Platform::Tpu`]. A generic
+    /// kernel carries its [`Specialiser`]; its `variants` are the example signature's modules.
+    Imported {
+        variants: Vec<(Platform, Arc<str>)>,
+        fingerprint: String,
+        specialiser: Option<Arc<dyn Specialiser>>,
+    },
 }
 
 impl fmt::Debug for KernelSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelSource::Built => f.write_str("Built"),
-            KernelSource::Imported { variants, fingerprint } => f
+            KernelSource::Imported { variants, fingerprint, specialiser } => f
                 .debug_struct("Imported")
                 .field("platforms", &variants.iter().map(|(p, _)| *p).collect::<Vec<_>>())
                 .field("fingerprint", fingerprint)
+                .field("generic", &specialiser.is_some())
                 .finish(),
         }
     }
@@ -95,7 +109,7 @@ impl Kernel {
                 .filter_map(|p| record.imported_module(p).map(|m| m.fingerprint))
                 .collect::<Vec<_>>()
                 .join("+");
-            KernelSource::Imported { variants, fingerprint }
+            KernelSource::Imported { variants, fingerprint, specialiser: None }
         } else {
             KernelSource::Built
         };
@@ -168,6 +182,12 @@ impl Kernel {
             KernelSource::Built => {
                 let module = self.record.emit(sig).map_err(RegistryError::Build)?;
                 Ok(ModuleText { text: Arc::from(module.to_text()), module: Some(module) })
+            }
+            KernelSource::Imported { specialiser: Some(specialiser), .. } => {
+                let text = specialiser.specialise(platform, sig).map_err(|message| {
+                    RegistryError::Specialise { kernel: self.name().to_owned(), message }
+                })?;
+                Ok(ModuleText { text: Arc::from(text), module: None })
             }
             KernelSource::Imported { variants, .. } => variants
                 .iter()

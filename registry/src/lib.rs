@@ -14,5 +14,7 @@ pub use dispatch::{
     DispatchError, Dispatcher, Fallback, FallbackReason, GraphRunError, HostTensor,
 };
 pub use error::RegistryError;
-pub use index::{CallMeta, Index, Kernel, KernelSource, NoKernel, Registry, normalize_op};
+pub use index::{
+    CallMeta, Index, Kernel, KernelSource, NoKernel, Registry, Specialiser, normalize_op,
+};
 pub mod graph;
