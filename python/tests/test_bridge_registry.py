@@ -14,15 +14,6 @@ import torch
 import tpu_kernels as tk
 
 
-@pytest.fixture
-def cleanup():
-    before = {k["name"] for k in tk.kernels()}
-    yield
-    for k in tk.kernels():
-        if k["name"] not in before:
-            tk.unregister(k["name"])
-
-
 def names() -> set[str]:
     return {k["name"] for k in tk.kernels()}
 

@@ -15,15 +15,6 @@ import torch
 import tpu_kernels as tk
 
 
-@pytest.fixture
-def cleanup():
-    before = {k["name"] for k in tk.kernels()}
-    yield
-    for k in tk.kernels():
-        if k["name"] not in before:
-            tk.unregister(k["name"])
-
-
 def test_decorator_defines_a_new_torch_op(cleanup):
     @tk.jax_kernel(op="imp::softplus", signatures=["f32[16,128]"])
     def softplus(x):

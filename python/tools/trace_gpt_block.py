@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tpu_kernels.torch.graph import Unencodable, encode_arg
+
 FORMAT_VERSION = 1
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "registry" / "tests" / "data" / "graphs"
 
@@ -165,14 +167,6 @@ def short_type(val) -> str:
     return f"{dtype}[{','.join(str(int(d)) for d in val.shape)}]"
 
 
-def json_float(x: float):
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
 class _Refs:
     """FX node -> tensor reference; `getitem` nodes become (node, output) references."""
 
@@ -186,36 +180,16 @@ class _Refs:
 
 
 def _arg(a, refs: _Refs, where: str):
-    if isinstance(a, torch.fx.Node):
-        return {"tensor": refs.ref(a)}
-    if a is None:
-        return "none"
-    if isinstance(a, bool):
-        return {"bool": a}
-    if isinstance(a, int):
-        return {"int": a}
-    if isinstance(a, float):
-        return {"float": json_float(a)}
-    if isinstance(a, str):
-        return {"string": a}
-    if isinstance(a, torch.dtype):
-        return {"dtype": str(a).removeprefix("torch.")}
-    if isinstance(a, torch.device):
-        return {"device": str(a)}
-    if isinstance(a, torch.layout):
-        return {"layout": str(a).removeprefix("torch.")}
-    if isinstance(a, torch.memory_format):
-        return {"memory_format": str(a).removeprefix("torch.")}
-    if isinstance(a, (list, tuple)):
-        if all(isinstance(x, bool) for x in a) and a:
-            return {"bool_list": list(a)}
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in a):
-            return {"int_list": list(a)}
-        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in a):
-            return {"float_list": [json_float(float(x)) for x in a]}
-        if all(isinstance(x, torch.fx.Node) or x is None for x in a):
-            return {"tensor_list": [None if x is None else refs.ref(x) for x in a]}
-    raise TypeError(f"{where}: cannot encode argument {a!r} ({type(a).__name__})")
+    """One argument in the graph format, with the package's own encoder (one spelling of the
+    format for the tracer and the `torch.compile` backend)."""
+
+    def ref(x):
+        return refs.ref(x) if isinstance(x, torch.fx.Node) else None
+
+    try:
+        return encode_arg(a, ref)
+    except Unencodable as e:
+        raise TypeError(f"{where}: {e}") from None
 
 
 def graph_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
