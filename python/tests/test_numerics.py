@@ -1,0 +1,389 @@
+"""Numerics harness: every standard kernel x dtype x shape against a float64 reference.
+
+Each case runs the kernel directly on torch tensors through a strict dispatcher
+(`tk.call(..., dispatcher=Dispatcher(strict=True))`), so a call that falls back to PyTorch raises
+instead of passing, and the dispatcher's stats must show the expected kernel ran. The reference
+is the same PyTorch op evaluated in float64 on the upcast inputs; `assert_close_to_reference`
+rounds it to the tested dtype and applies the one tolerance table, `tpu_kernels.testing.TOLERANCES`.
+PyTorch eager in the tested dtype is measured against the same reference: the kernel must also
+be no further from f64 than PyTorch's own eager result, up to EAGER_FACTOR, or within one ulp of
+the rounded reference (the table).
+
+Gradients: `torch.ops.tpuk.rms_norm`'s autograd (the `rms_norm_backward` kernel) and
+`rms_norm_backward` called directly, against f64 autograd of the reference formula.
+
+`python python/tests/test_numerics.py` prints, per kernel x dtype, the largest error of the kernel
+and of PyTorch eager against the f64 reference (`ratio` = largest |error| / (atol + rtol |ref|);
+<= 1 passes). Inputs are seeded per case, so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import tpu_kernels as tk  # noqa: E402
+from tpu_kernels.testing import (  # noqa: E402
+    TOLERANCES,
+    assert_close_to_reference,
+    reference_errors,
+)
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+# The kernel's largest error against f64 may exceed PyTorch eager's (same dtype, same inputs) by
+# at most this factor, unless it is within the tolerance table anyway. Both round once from f32
+# in the elementwise and norm kernels; the factor leaves room for XLA's and ATen's different f32
+# exp/erf/tanh approximations.
+EAGER_FACTOR = 4.0
+
+
+def _seed(name: str) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(name.encode()))
+
+
+def _randn(gen: torch.Generator, shape: tuple[int, ...], scale: float = 1.0) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, dtype=torch.float64) * scale
+
+
+@dataclass(frozen=True)
+class Case:
+    """One kernel call: `make(gen)` gives f64 inputs (rounded to the tested dtype before use),
+    `ref(*f64 inputs)` the f64 reference outputs, `eager(*dtype inputs)` PyTorch eager's."""
+
+    kernel: str
+    op: str
+    shape_id: str
+    make: Callable[[torch.Generator], list[torch.Tensor]]
+    ref: Callable[..., Any]
+    eager: Callable[..., Any]
+    statics: dict[str, Any] = field(default_factory=dict)
+    dtypes: tuple[str, ...] = ("f32", "bf16", "f16")
+
+    @property
+    def id(self) -> str:
+        return f"{self.kernel}-{self.shape_id}"
+
+
+def _shape_id(*shapes: tuple[int, ...]) -> str:
+    return "_".join("x".join(map(str, s)) for s in shapes)
+
+
+def _tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+# ----- cases -----
+
+ELEMENTWISE_SHAPES = [(3, 7, 33), (1, 5), (4, 1), (8, 128), (1,)]
+NORM_SHAPES = [(3, 7, 33), (1, 5), (4, 1), (8, 128), (2, 3, 1)]
+SOFTMAX_SHAPES = [((3, 7, 33), -1), ((3, 7, 33), 1), ((1, 5), -1), ((4, 1), -1), ((8, 128), 0)]
+MATMUL_SHAPES = [(7, 33, 5), (1, 5, 1), (4, 1, 3), (16, 128, 64)]  # (M, K, N)
+ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
+
+_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _elementwise_cases() -> list[Case]:
+    out = []
+    for shape in ELEMENTWISE_SHAPES:
+        # Scale 3 reaches GELU's erf tails and SiLU's saturation in every case.
+        def make(g, shape=shape):
+            return [_randn(g, shape, 3.0)]
+
+        for kernel, approximate in [("gelu", "none"), ("gelu_tanh", "tanh")]:
+            out.append(
+                Case(
+                    kernel,
+                    "aten::gelu.default",
+                    _shape_id(shape),
+                    make,
+                    ref=lambda x, a=approximate: F.gelu(x, approximate=a),
+                    eager=lambda x, a=approximate: F.gelu(x, approximate=a),
+                    statics={"approximate": approximate},
+                )
+            )
+        out.append(Case("silu", "aten::silu.default", _shape_id(shape), make, ref=F.silu, eager=F.silu))
+    return out
+
+
+def _softmax_cases() -> list[Case]:
+    out = []
+    for shape, dim in SOFTMAX_SHAPES:
+        def make(g, shape=shape):
+            return [_randn(g, shape, 3.0)]
+
+        for kernel, op, fn in [
+            ("softmax", "aten::_softmax.default", torch._softmax),
+            ("log_softmax", "aten::_log_softmax.default", torch._log_softmax),
+        ]:
+            out.append(
+                Case(
+                    kernel,
+                    op,
+                    f"{_shape_id(shape)}-dim{dim}",
+                    make,
+                    ref=lambda x, fn=fn, dim=dim: fn(x, dim, False),
+                    eager=lambda x, fn=fn, dim=dim: fn(x, dim, False),
+                    statics={"dim": dim, "half_to_float": False},
+                )
+            )
+    return out
+
+
+def _norm_cases() -> list[Case]:
+    out = []
+    for shape in NORM_SHAPES:
+        d = shape[-1]
+
+        def make(g, shape=shape, d=d):
+            return [_randn(g, shape), _randn(g, (d,)), _randn(g, (d,))]
+
+        eps = 1e-5
+        out.append(
+            Case(
+                "layer_norm",
+                "aten::native_layer_norm.default",
+                _shape_id(shape),
+                make,
+                ref=lambda x, w, b, d=d: torch.native_layer_norm(x, [d], w, b, eps),
+                eager=lambda x, w, b, d=d: torch.native_layer_norm(x, [d], w, b, eps),
+                statics={"eps": eps},
+            )
+        )
+
+        def make_rms(g, shape=shape, d=d):
+            return [_randn(g, shape), _randn(g, (d,))]
+
+        out.append(
+            Case(
+                "rms_norm",
+                "tpuk::rms_norm.default",
+                _shape_id(shape),
+                make_rms,
+                ref=lambda x, w: rms_norm_ref(x, w, eps),
+                eager=lambda x, w, d=d: F.rms_norm(x, [d], w, eps),
+                statics={"eps": eps},
+            )
+        )
+
+        def make_bwd(g, shape=shape, d=d):
+            return [_randn(g, shape), _randn(g, shape), _randn(g, (d,))]
+
+        out.append(
+            Case(
+                "rms_norm_backward",
+                "tpuk::rms_norm_backward.default",
+                _shape_id(shape),
+                make_bwd,
+                ref=lambda grad, x, w: _rms_grads(grad, x, w, eps, rms_norm_ref),
+                eager=lambda grad, x, w, d=d: _rms_grads(grad, x, w, eps, lambda a, b, e: F.rms_norm(a, [d], b, e)),
+                statics={"eps": eps},
+            )
+        )
+    return out
+
+
+def _rms_grads(grad, x, w, eps, fn) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.detach().clone().requires_grad_()
+    w = w.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        fn(x, w, eps).backward(grad)
+    return x.grad, w.grad
+
+
+def _matmul_cases() -> list[Case]:
+    out = []
+    for m, k, n in MATMUL_SHAPES:
+        def make(g, m=m, k=k, n=n):
+            return [_randn(g, (m, k)), _randn(g, (k, n), 1 / math.sqrt(k)), _randn(g, (n,))]
+
+        for act in ACTIVATIONS:
+            out.append(
+                Case(
+                    "matmul_bias_act",
+                    "tpuk::matmul_bias_act.default",
+                    f"{m}x{k}x{n}-{act}",
+                    make,
+                    ref=lambda x, w, b, act=act: _ACT[act](x @ w + b),
+                    # Eager in the tested dtype: matmul, add and activation each round.
+                    eager=lambda x, w, b, act=act: _ACT[act](x @ w + b),
+                    statics={"activation": act},
+                )
+            )
+    return out
+
+
+CASES = _elementwise_cases() + _softmax_cases() + _norm_cases() + _matmul_cases()
+PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
+
+
+def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
+    """Runs one case; returns per output {kernel errors, eager errors}. Asserts the expected
+    kernel ran (strict dispatcher: a fallback raises FallbackError)."""
+    dtype = DTYPES[dt]
+    inputs = [t.to(dtype) for t in case.make(_seed(f"{case.id}-{dt}"))]
+    d = tk.Dispatcher(strict=True)
+    outs = tk.call(case.op, *inputs, dispatcher=d, **case.statics)
+    stats = d.stats()
+    assert stats["fallbacks"] == 0, stats
+    assert stats["ops"][case.op]["kernels"] == {case.kernel: 1}, stats
+
+    refs = _tuple(case.ref(*[t.double() for t in inputs]))
+    eagers = _tuple(case.eager(*inputs))
+    assert len(outs) == len(refs) == len(eagers)
+    results = []
+    for i, (out, ref, eager) in enumerate(zip(outs, refs, eagers)):
+        assert out.shape == ref.shape, (i, out.shape, ref.shape)
+        results.append(
+            {
+                "output": i,
+                "kernel": reference_errors(out, ref, dtype),
+                "eager": reference_errors(eager.to(dtype), ref, dtype),
+                "actual": out,
+                "reference": ref,
+            }
+        )
+    return results
+
+
+@pytest.mark.parametrize(("case", "dt"), PARAMS)
+def test_kernel_numerics(case: Case, dt: str) -> None:
+    dtype = DTYPES[dt]
+    for r in run_case(case, dt):
+        k, e = r["kernel"], r["eager"]
+        where = f"{case.kernel} {dt} {case.shape_id} output {r['output']}: "
+        # Within the table, or (where even PyTorch eager is not) within EAGER_FACTOR of eager.
+        if k["ratio"] > 1.0 and k["max_abs"] <= EAGER_FACTOR * e["max_abs"]:
+            continue
+        assert_close_to_reference(r["actual"], r["reference"], dtype, msg=where + f"(eager: {e}) ")
+
+
+# ----- gradients through the custom op's autograd -----
+
+GRAD_SHAPES = [(3, 7, 33), (1, 5), (4, 1), (8, 128)]
+
+
+@pytest.mark.parametrize("shape", GRAD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+def test_rms_norm_autograd(dt: str, shape: tuple[int, ...]) -> None:
+    """`torch.ops.tpuk.rms_norm` forward and backward (the `rms_norm_backward` kernel) against
+    f64 autograd through the reference formula."""
+    from tpu_kernels.torch import custom_ops
+    from tpu_kernels.torch._native import native
+
+    custom_ops()
+    dtype, eps = DTYPES[dt], 1e-6
+    g = _seed(f"rms_norm-autograd-{dt}-{shape}")
+    x, w, grad = (t.to(dtype) for t in (_randn(g, shape), _randn(g, shape[-1:]), _randn(g, shape)))
+
+    before = native().stats()["ops"]
+    xk, wk = x.clone().requires_grad_(), w.clone().requires_grad_()
+    out = torch.ops.tpuk.rms_norm(xk, wk, eps)
+    out.backward(grad)
+    after = native().stats()["ops"]
+    for op, kernel in [("tpuk::rms_norm.default", "rms_norm"), ("tpuk::rms_norm_backward.default", "rms_norm_backward")]:
+        ran = after[op]["kernels"].get(kernel, 0) - before.get(op, {}).get("kernels", {}).get(kernel, 0)
+        assert ran == 1, (op, before.get(op), after[op])
+
+    dx, dw = _rms_grads(grad.double(), x.double(), w.double(), eps, rms_norm_ref)
+    ref_out = rms_norm_ref(x.double(), w.double(), eps)
+    for name, actual, ref in [("out", out, ref_out), ("dx", xk.grad, dx), ("dweight", wk.grad, dw)]:
+        assert_close_to_reference(actual, ref, dtype, msg=f"rms_norm autograd {dt} {shape} {name}: ")
+
+
+# ----- the harness itself -----
+
+
+def test_every_standard_kernel_is_covered() -> None:
+    """A new standard kernel cannot escape the harness: each one built into the package has
+    cases, in each dtype it registers."""
+    covered: dict[str, set[str]] = {}
+    for c in CASES:
+        covered.setdefault(c.kernel, set()).update(c.dtypes)
+    for k in tk.kernels():
+        if k["runtime"] or k["imported"]:
+            continue
+        assert k["name"] in covered, f"kernel `{k['name']}` has no numerics case"
+        assert set(k["dtypes"]) <= covered[k["name"]], (k["name"], k["dtypes"], covered[k["name"]])
+
+
+def test_tolerance_table_covers_tested_dtypes() -> None:
+    assert set(DTYPES.values()) <= set(TOLERANCES)
+    for rtol, atol in TOLERANCES.values():
+        assert 0 < rtol < 0.01 and 0 < atol < 1e-3
+
+
+def test_harness_rejects_a_wrong_reference() -> None:
+    """The check can fail: silu's kernel output against sigmoid instead of silu."""
+    x = torch.linspace(-4, 4, 257).to(torch.bfloat16)
+    out = tk.call("aten::silu.default", x, dispatcher=tk.Dispatcher(strict=True))[0]
+    assert_close_to_reference(out, F.silu(x.double()))
+    with pytest.raises(AssertionError, match="exceed rtol"):
+        assert_close_to_reference(out, torch.sigmoid(x.double()))
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_harness_tolerance_is_one_ulp(dt: str) -> None:
+    """The rounded reference passes exactly; one ulp off passes; two ulps off fails."""
+    dtype = DTYPES[dt]
+    ref = torch.linspace(0.3, 7.7, 101, dtype=torch.float64)
+    rounded = ref.to(dtype)
+    assert reference_errors(rounded, ref)["max_abs"] == 0.0
+    assert_close_to_reference(_next(rounded), ref)
+    with pytest.raises(AssertionError):
+        assert_close_to_reference(_next(_next(rounded)), ref)
+
+
+def _next(t: torch.Tensor) -> torch.Tensor:
+    """The next representable value above each (positive) element, in t's dtype."""
+    bits = t.view(torch.int16) + 1
+    return bits.view(t.dtype)
+
+
+def test_harness_flags_nan() -> None:
+    ref = torch.ones(4, dtype=torch.float64)
+    bad = torch.tensor([1.0, float("nan"), 1.0, 1.0])
+    with pytest.raises(AssertionError, match="1 of 4"):
+        assert_close_to_reference(bad, ref)
+
+
+def _report() -> None:
+    """Prints the largest kernel and eager errors per kernel x dtype (for the tolerance table)."""
+    rows: dict[tuple[str, str], dict[str, float]] = {}
+    for c in CASES:
+        for dt in c.dtypes:
+            for r in run_case(c, dt):
+                row = rows.setdefault((c.kernel, dt), {"k_abs": 0.0, "k_ratio": 0.0, "e_abs": 0.0, "e_ratio": 0.0})
+                row["k_abs"] = max(row["k_abs"], r["kernel"]["max_abs"])
+                row["k_ratio"] = max(row["k_ratio"], r["kernel"]["ratio"])
+                row["e_abs"] = max(row["e_abs"], r["eager"]["max_abs"])
+                row["e_ratio"] = max(row["e_ratio"], r["eager"]["ratio"])
+    print(f"{'kernel':<18} {'dtype':<5} {'kernel max_abs':>14} {'ratio':>6} {'eager max_abs':>14} {'ratio':>6}")
+    for (kernel, dt), row in rows.items():
+        print(
+            f"{kernel:<18} {dt:<5} {row['k_abs']:>14.3g} {row['k_ratio']:>6.2f} "
+            f"{row['e_abs']:>14.3g} {row['e_ratio']:>6.2f}"
+        )
+
+
+if __name__ == "__main__":
+    _report()
