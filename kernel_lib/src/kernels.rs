@@ -9,7 +9,7 @@ use crate::builder::Tensor;
 use crate::error::BuildError;
 use crate::registration::KernelSignature;
 use crate::tpu_kernel;
-use crate::types::DType;
+use crate::types::{DType, Dim, Shape};
 
 /// The type arithmetic happens in for inputs of `dtype`.
 fn compute_type(dtype: DType) -> DType {
@@ -275,4 +275,190 @@ pub fn matmul_bias_act(
         }
     };
     Ok(y.cast(x.dtype()))
+}
+
+// ----- gated activations -----
+
+/// A build error of a kernel body, for a shape the guards cannot express.
+fn shape_error(kernel: &str, op: &'static str, message: String) -> BuildError {
+    BuildError { kernel: kernel.to_owned(), op, kind: crate::ErrorKind::Shape, message }
+}
+
+/// SwiGLU: `silu(gate) * up`, elementwise over tensors of one shape.
+#[tpu_kernel(
+    op = "tpuk::swiglu",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(gate = [.., H], up = [.., H]),
+    output = same_as(gate),
+    backward = swiglu_backward,
+    canonical = ["f32[8,128], f32[8,128]", "bf16[4,256], bf16[4,256]", "f32[3,5,33], f32[3,5,33]"],
+)]
+pub fn swiglu(gate: Tensor, up: Tensor) -> Result<Tensor, BuildError> {
+    if gate.shape() != up.shape() {
+        let message = format!("gate {} and up {} differ in shape", gate.ty(), up.ty());
+        return Err(shape_error("swiglu", "swiglu", message));
+    }
+    let (gf, uf) = (upcast(gate), upcast(up));
+    Ok((gf * gf.sigmoid() * uf).cast(gate.dtype()))
+}
+
+/// Gradient of [`swiglu`] for `grad`, the gradient of its output: `(dgate, dup)`.
+///
+/// With `s = sigmoid(gate)`: `dgate = grad * up * s * (1 + gate * (1 - s))` and
+/// `dup = grad * gate * s`. Computed in f32 for 16-bit inputs.
+#[tpu_kernel(
+    op = "tpuk::swiglu_backward",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(grad = [.., H], gate = [.., H], up = [.., H]),
+    output = [same_as(gate), same_as(up)],
+    canonical = [
+        "f32[8,128], f32[8,128], f32[8,128]",
+        "bf16[4,256], bf16[4,256], bf16[4,256]",
+        "f32[3,5,33], f32[3,5,33], f32[3,5,33]",
+    ],
+)]
+pub fn swiglu_backward(
+    grad: Tensor,
+    gate: Tensor,
+    up: Tensor,
+) -> Result<(Tensor, Tensor), BuildError> {
+    if grad.shape() != gate.shape() || gate.shape() != up.shape() {
+        let message =
+            format!("grad {}, gate {} and up {} differ in shape", grad.ty(), gate.ty(), up.ty());
+        return Err(shape_error("swiglu_backward", "swiglu_backward", message));
+    }
+    let (gf, xf, uf) = (upcast(grad), upcast(gate), upcast(up));
+    let s = xf.sigmoid();
+    let dgate = gf * uf * s * ((1.0 - s) * xf + 1.0);
+    let dup = gf * xf * s;
+    Ok((dgate.cast(gate.dtype()), dup.cast(up.dtype())))
+}
+
+// ----- losses -----
+
+/// `target`'s one-hot rows over the `[N, C]` shape of `logits` (an `i1` mask).
+fn one_hot<'b>(logits: Tensor<'b>, target: Tensor<'b>) -> Result<Tensor<'b>, BuildError> {
+    let shape = logits.shape();
+    let classes = logits.builder().iota(logits.ty().with_dtype(DType::I64), 1)?;
+    let rows = target.reshape(Shape(vec![shape.0[0].clone(), Dim::Static(1)]));
+    Ok(classes.eq(rows.broadcast_to(&shape)))
+}
+
+/// Cross entropy with class indices: the mean over rows of `-log_softmax(logits)[i, target[i]]`.
+///
+/// Fused log-softmax and NLL (`aten::cross_entropy` with `reduction = "mean"`, no weights, no
+/// label smoothing). Every target counts: there is no `ignore_index`, and a target outside
+/// `0..C` selects no class (its row contributes 0 to the sum, 1 to the count).
+#[tpu_kernel(
+    op = "tpuk::cross_entropy",
+    dtypes = [f32, bf16, f16],
+    shapes(logits = [N, C], target = i64[N]),
+    output = like(logits, []),
+    backward = cross_entropy_backward,
+    canonical = ["f32[8,128], i64[8]", "bf16[4,256], i64[4]", "f32[7,33], i64[7]", "f16[1,5], i64[1]"],
+)]
+pub fn cross_entropy(logits: Tensor, target: Tensor) -> Result<Tensor, BuildError> {
+    let lf = upcast(logits);
+    let shifted = lf - lf.amax(&[1], true);
+    let logp = shifted - shifted.exp().sum(&[1], true).log();
+    let picked = one_hot(logits, target)?.select(logp, logp.full_like(0.0));
+    Ok((-picked.sum(&[1], false).mean(&[0], false)).cast(logits.dtype()))
+}
+
+/// Gradient of [`cross_entropy`] for `grad`, the gradient of its scalar output:
+/// `(dlogits, dtarget)`.
+///
+/// `dlogits = grad * (softmax(logits) - one_hot(target)) / N`. `grad` is the loss's gradient:
+/// one element, as a scalar (what autograd passes) or any shape of size 1 (`[1]`). Class indices
+/// have no gradient: `dtarget` is zeros of the target's type, there so that the pairing returns
+/// one gradient per tensor input (autograd drops it: an integer target never requires one).
+#[tpu_kernel(
+    op = "tpuk::cross_entropy_backward",
+    dtypes = [f32, bf16, f16],
+    shapes(grad = [..], logits = [N, C], target = i64[N]),
+    output = [same_as(logits), same_as(target)],
+    canonical = [
+        "f32[], f32[8,128], i64[8]",
+        "bf16[], bf16[4,256], i64[4]",
+        "f32[1], f32[7,33], i64[7]",
+        "f16[], f16[1,5], i64[1]",
+    ],
+)]
+pub fn cross_entropy_backward(
+    grad: Tensor,
+    logits: Tensor,
+    target: Tensor,
+) -> Result<(Tensor, Tensor), BuildError> {
+    const KERNEL: &str = "cross_entropy_backward";
+    if grad.dtype() != logits.dtype() {
+        return Err(BuildError {
+            kernel: KERNEL.to_owned(),
+            op: KERNEL,
+            kind: crate::ErrorKind::DType,
+            message: format!(
+                "grad {} and logits {} differ in element type",
+                grad.ty(),
+                logits.ty()
+            ),
+        });
+    }
+    if grad.shape().0.iter().any(|d| d.as_static() != Some(1)) {
+        let message = format!("grad {} is not the gradient of a scalar (one element)", grad.ty());
+        return Err(shape_error(KERNEL, KERNEL, message));
+    }
+    let lf = upcast(logits);
+    let n = logits.shape().0[0].as_static().unwrap_or(1);
+    let e = (lf - lf.amax(&[1], true)).exp();
+    let softmax = e / e.sum(&[1], true);
+    let hot = one_hot(logits, target)?.select(lf.full_like(1.0), lf.full_like(0.0));
+    let scale = upcast(grad).reshape(Shape::scalar()) * (1.0 / n as f64);
+    let dlogits = (softmax - hot) * scale;
+    Ok((dlogits.cast(logits.dtype()), target.full_like(0.0)))
+}
+
+// ----- position embeddings -----
+
+/// Rotary position embedding, "rotate half" form (GPT-NeoX, LLaMA).
+///
+/// With `x1, x2` the two halves of the last dimension of `x[B, S, H, D]`:
+/// `concat(x1 * cos - x2 * sin, x2 * cos + x1 * sin)`, `cos` and `sin` (`[S, D/2]`) broadcast
+/// over the batch and the heads.
+#[tpu_kernel(
+    op = "tpuk::rotary",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(x = [B, S, H, D], cos = [S, R], sin = [S, R]),
+    require(D % 2 == 0),
+    output = same_as(x),
+    canonical = [
+        "f32[2,8,4,64], f32[8,32], f32[8,32]",
+        "bf16[1,16,2,128], bf16[16,64], bf16[16,64]",
+        "f32[3,5,1,6], f32[5,3], f32[5,3]",
+    ],
+)]
+pub fn rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Result<Tensor, BuildError> {
+    let shape = x.shape();
+    let dims: Option<Vec<u64>> = shape.0.iter().map(|d| d.as_static()).collect();
+    let half = cos.shape().0[1].as_static();
+    let (Some(dims), Some(half)) = (dims, half) else {
+        return Err(shape_error("rotary", "rotary", format!("{} needs static sizes", x.ty())));
+    };
+    if dims[3] != 2 * half {
+        let message = format!("cos/sin {} must be half as wide as x {}", cos.ty(), x.ty());
+        return Err(shape_error("rotary", "rotary", message));
+    }
+    let b = x.builder();
+    let (d, h) = (dims[3] as i64, half as i64);
+    let xf = upcast(x);
+    let (lo, hi, step) =
+        ([0, 0, 0, 0], [dims[0] as i64, dims[1] as i64, dims[2] as i64, h], [1; 4]);
+    let x1 = b.slice(xf, &lo, &hi, &step)?;
+    let x2 = b.slice(xf, &[0, 0, 0, h], &[hi[0], hi[1], hi[2], d], &step)?;
+    let half_shape = x1.shape();
+    let [c, s] =
+        [cos, sin].map(|t| upcast(t).reshape([1, dims[1], 1, half]).broadcast_to(&half_shape));
+    let out = b.concatenate(&[x1 * c - x2 * s, x2 * c + x1 * s], 3)?;
+    Ok(out.cast(x.dtype()))
 }

@@ -9,8 +9,9 @@ PyTorch eager in the tested dtype is measured against the same reference: the ke
 be no further from f64 than PyTorch's own eager result, up to EAGER_FACTOR, or within one ulp of
 the rounded reference (the table).
 
-Gradients: `torch.ops.tpuk.rms_norm`'s autograd (the `rms_norm_backward` kernel) and
-`rms_norm_backward` called directly, against f64 autograd of the reference formula.
+Gradients: the autograd of `torch.ops.tpuk.rms_norm`, `swiglu` and `cross_entropy` (their paired
+backward kernels) and the backward kernels called directly, against f64 autograd of the reference
+formulas. Integer inputs (cross entropy's class indices) are passed as int64, not rounded.
 
 `python python/tests/test_numerics.py` prints, per kernel x dtype, the largest error of the kernel
 and of PyTorch eager against the f64 reference (`ratio` = largest |error| / (atol + rtol |ref|);
@@ -67,6 +68,8 @@ class Case:
     eager: Callable[..., Any]
     statics: dict[str, Any] = field(default_factory=dict)
     dtypes: tuple[str, ...] = ("f32", "bf16", "f16")
+    # Positions of inputs that are class indices (int64), not rounded to the tested dtype.
+    integer_inputs: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
@@ -232,7 +235,124 @@ def _matmul_cases() -> list[Case]:
     return out
 
 
-CASES = _elementwise_cases() + _softmax_cases() + _norm_cases() + _matmul_cases()
+SWIGLU_SHAPES = [(3, 7, 33), (1, 5), (4, 1), (8, 128), (1,)]
+CROSS_ENTROPY_SHAPES = [(7, 33), (1, 5), (4, 1), (8, 128), (1, 1)]  # (N, C)
+ROTARY_SHAPES = [(3, 5, 1, 6), (1, 1, 1, 2), (2, 8, 4, 64), (1, 7, 3, 10)]  # (B, S, H, D)
+
+
+def swiglu_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+def _swiglu_grads(grad, gate, up, fn) -> tuple[torch.Tensor, torch.Tensor]:
+    gate = gate.detach().clone().requires_grad_()
+    up = up.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        fn(gate, up).backward(grad)
+    return gate.grad, up.grad
+
+
+def _cross_entropy_grads(grad, logits, target) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dlogits, dtarget): autograd's dlogits and the kernel's zero class-index "gradient"."""
+    logits = logits.detach().clone().requires_grad_()
+    with torch.enable_grad():
+        F.cross_entropy(logits, target).backward(grad)
+    return logits.grad, torch.zeros_like(target)
+
+
+def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+
+
+def _targets(g: torch.Generator, n: int, c: int) -> torch.Tensor:
+    """Class indices, as f64 so `make`'s inputs round to the tested dtype; `_as_target` restores."""
+    return torch.randint(0, c, (n,), generator=g).double()
+
+
+def _gated_cases() -> list[Case]:
+    out = []
+    for shape in SWIGLU_SHAPES:
+        def make(g, shape=shape):
+            return [_randn(g, shape, 3.0), _randn(g, shape)]
+
+        out.append(Case("swiglu", "tpuk::swiglu.default", _shape_id(shape), make, ref=swiglu_ref, eager=swiglu_ref))
+
+        def make_bwd(g, shape=shape):
+            return [_randn(g, shape), _randn(g, shape, 3.0), _randn(g, shape)]
+
+        out.append(
+            Case(
+                "swiglu_backward",
+                "tpuk::swiglu_backward.default",
+                _shape_id(shape),
+                make_bwd,
+                ref=lambda grad, gate, up: _swiglu_grads(grad, gate, up, swiglu_ref),
+                eager=lambda grad, gate, up: _swiglu_grads(grad, gate, up, swiglu_ref),
+            )
+        )
+    return out
+
+
+def _loss_cases() -> list[Case]:
+    out = []
+    for n, c in CROSS_ENTROPY_SHAPES:
+        def make(g, n=n, c=c):
+            return [_randn(g, (n, c), 3.0), _targets(g, n, c)]
+
+        out.append(
+            Case(
+                "cross_entropy",
+                "tpuk::cross_entropy.default",
+                _shape_id((n, c)),
+                make,
+                ref=lambda logits, target: F.cross_entropy(logits, target),
+                eager=lambda logits, target: F.cross_entropy(logits, target),
+                integer_inputs=(1,),
+            )
+        )
+
+        def make_bwd(g, n=n, c=c):
+            return [_randn(g, ()), _randn(g, (n, c), 3.0), _targets(g, n, c)]
+
+        out.append(
+            Case(
+                "cross_entropy_backward",
+                "tpuk::cross_entropy_backward.default",
+                _shape_id((n, c)),
+                make_bwd,
+                ref=_cross_entropy_grads,
+                eager=_cross_entropy_grads,
+                integer_inputs=(2,),
+            )
+        )
+    return out
+
+
+def _rotary_cases() -> list[Case]:
+    out = []
+    for b, s, h, d in ROTARY_SHAPES:
+        def make(g, b=b, s=s, h=h, d=d):
+            angles = _randn(g, (s, d // 2), 3.0)
+            return [_randn(g, (b, s, h, d)), angles.cos(), angles.sin()]
+
+        out.append(
+            Case("rotary", "tpuk::rotary.default", _shape_id((b, s, h, d)), make, ref=rotary_ref, eager=rotary_ref)
+        )
+    return out
+
+
+CASES = (
+    _elementwise_cases()
+    + _softmax_cases()
+    + _norm_cases()
+    + _matmul_cases()
+    + _gated_cases()
+    + _loss_cases()
+    + _rotary_cases()
+)
 PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
 
 
@@ -240,14 +360,15 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
     """Runs one case; returns per output {kernel errors, eager errors}. Asserts the expected
     kernel ran (strict dispatcher: a fallback raises FallbackError)."""
     dtype = DTYPES[dt]
-    inputs = [t.to(dtype) for t in case.make(_seed(f"{case.id}-{dt}"))]
+    made = case.make(_seed(f"{case.id}-{dt}"))
+    inputs = [t.long() if i in case.integer_inputs else t.to(dtype) for i, t in enumerate(made)]
     d = tk.Dispatcher(strict=True)
     outs = tk.call(case.op, *inputs, dispatcher=d, **case.statics)
     stats = d.stats()
     assert stats["fallbacks"] == 0, stats
     assert stats["ops"][case.op]["kernels"] == {case.kernel: 1}, stats
 
-    refs = _tuple(case.ref(*[t.double() for t in inputs]))
+    refs = _tuple(case.ref(*[t if i in case.integer_inputs else t.double() for i, t in enumerate(inputs)]))
     eagers = _tuple(case.eager(*inputs))
     assert len(outs) == len(refs) == len(eagers)
     results = []
@@ -271,6 +392,10 @@ def test_kernel_numerics(case: Case, dt: str) -> None:
     for r in run_case(case, dt):
         k, e = r["kernel"], r["eager"]
         where = f"{case.kernel} {dt} {case.shape_id} output {r['output']}: "
+        if not r["actual"].is_floating_point():
+            # Integer outputs (cross entropy's class-index gradient) are exact.
+            assert r["actual"].dtype == r["reference"].dtype and torch.equal(r["actual"], r["reference"]), where
+            continue
         # Within the table, or (where even PyTorch eager is not) within EAGER_FACTOR of eager.
         if k["ratio"] > 1.0 and k["max_abs"] <= EAGER_FACTOR * e["max_abs"]:
             continue
@@ -308,6 +433,71 @@ def test_rms_norm_autograd(dt: str, shape: tuple[int, ...]) -> None:
     ref_out = rms_norm_ref(x.double(), w.double(), eps)
     for name, actual, ref in [("out", out, ref_out), ("dx", xk.grad, dx), ("dweight", wk.grad, dw)]:
         assert_close_to_reference(actual, ref, dtype, msg=f"rms_norm autograd {dt} {shape} {name}: ")
+
+
+def _kernels_ran(before: dict, pairs: list[tuple[str, str]]) -> None:
+    from tpu_kernels.torch._native import native
+
+    after = native().stats()["ops"]
+    for op, kernel in pairs:
+        ran = after[op]["kernels"].get(kernel, 0) - before.get(op, {}).get("kernels", {}).get(kernel, 0)
+        assert ran == 1, (op, before.get(op), after[op])
+
+
+@pytest.mark.parametrize("shape", GRAD_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+def test_swiglu_autograd(dt: str, shape: tuple[int, ...]) -> None:
+    """`torch.ops.tpuk.swiglu` forward and backward (the `swiglu_backward` kernel) against f64
+    autograd through the reference formula."""
+    from tpu_kernels.torch import custom_ops
+    from tpu_kernels.torch._native import native
+
+    custom_ops()
+    dtype = DTYPES[dt]
+    g = _seed(f"swiglu-autograd-{dt}-{shape}")
+    gate, up, grad = (t.to(dtype) for t in (_randn(g, shape, 3.0), _randn(g, shape), _randn(g, shape)))
+
+    before = native().stats()["ops"]
+    gk, uk = gate.clone().requires_grad_(), up.clone().requires_grad_()
+    out = torch.ops.tpuk.swiglu(gk, uk)
+    out.backward(grad)
+    _kernels_ran(before, [("tpuk::swiglu.default", "swiglu"), ("tpuk::swiglu_backward.default", "swiglu_backward")])
+
+    dgate, dup = _swiglu_grads(grad.double(), gate.double(), up.double(), swiglu_ref)
+    ref_out = swiglu_ref(gate.double(), up.double())
+    for name, actual, ref in [("out", out, ref_out), ("dgate", gk.grad, dgate), ("dup", uk.grad, dup)]:
+        assert_close_to_reference(actual, ref, dtype, msg=f"swiglu autograd {dt} {shape} {name}: ")
+
+
+@pytest.mark.parametrize("shape", CROSS_ENTROPY_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dt", ["f32", "bf16", "f16"])
+def test_cross_entropy_autograd(dt: str, shape: tuple[int, int]) -> None:
+    """`torch.ops.tpuk.cross_entropy` forward and backward (the `cross_entropy_backward` kernel,
+    whose zero class-index gradient autograd drops) against f64 autograd of `F.cross_entropy`."""
+    from tpu_kernels.torch import custom_ops
+    from tpu_kernels.torch._native import native
+
+    custom_ops()
+    dtype = DTYPES[dt]
+    n, c = shape
+    g = _seed(f"cross_entropy-autograd-{dt}-{shape}")
+    logits, grad = _randn(g, shape, 3.0).to(dtype), _randn(g, ()).to(dtype)
+    target = _targets(g, n, c).long()
+
+    before = native().stats()["ops"]
+    lk = logits.clone().requires_grad_()
+    out = torch.ops.tpuk.cross_entropy(lk, target)
+    out.backward(grad)
+    _kernels_ran(
+        before,
+        [("tpuk::cross_entropy.default", "cross_entropy"), ("tpuk::cross_entropy_backward.default", "cross_entropy_backward")],
+    )
+    assert target.grad is None
+
+    dlogits, _ = _cross_entropy_grads(grad.double(), logits.double(), target)
+    ref_out = F.cross_entropy(logits.double(), target)
+    for name, actual, ref in [("out", out, ref_out), ("dlogits", lk.grad, dlogits)]:
+        assert_close_to_reference(actual, ref, dtype, msg=f"cross_entropy autograd {dt} {shape} {name}: ")
 
 
 # ----- the harness itself -----

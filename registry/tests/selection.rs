@@ -52,6 +52,12 @@ fn every_standard_kernel_is_linked_and_indexed() {
         "softmax",
         "log_softmax",
         "matmul_bias_act",
+        "rms_norm_backward",
+        "swiglu",
+        "swiglu_backward",
+        "cross_entropy",
+        "cross_entropy_backward",
+        "rotary",
     ] {
         assert!(index.kernel(name).is_some(), "standard kernel `{name}` not registered");
     }

@@ -66,8 +66,10 @@ fn canonical_signatures_cover_f32_bf16_and_odd_sizes() {
         let first: Vec<_> = sigs.iter().map(|s| &s.inputs[0]).collect();
         assert!(first.iter().any(|t| t.dtype == tpu_kernels::DType::F32), "{}: no f32", k.name);
         assert!(first.iter().any(|t| t.dtype == tpu_kernels::DType::BF16), "{}: no bf16", k.name);
-        let odd = first
+        // Any input of any canonical signature (a kernel's first input may be a scalar).
+        let odd = sigs
             .iter()
+            .flat_map(|s| &s.inputs)
             .any(|t| t.shape.static_dims().unwrap_or_default().iter().any(|d| d % 2 == 1));
         assert!(odd, "{}: no odd-sized shape", k.name);
     }
