@@ -23,7 +23,7 @@ use dlpark::python::consumer::exchange::ExchangeApi;
 use dlpark::python::{ImportedDlpack, from_dlpack};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
 use tpu_kernels::registration::{BindingKind, KernelSignature, Platform, StaticKind, StaticValue};
 use tpu_kernels::{DType, Shape, TensorType};
 use tpu_kernels_registry::cache::CompileCache;
@@ -216,42 +216,15 @@ fn export_all<'py>(
 
 // ----- statics -----
 
-/// Static parameter names are `&'static str` in kernel records; calls from Python intern theirs.
-fn intern_name(name: &str) -> &'static str {
-    static NAMES: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| Mutex::new(HashMap::new()));
-    let Ok(mut names) = names.lock() else { return "" };
-    if let Some(n) = names.get(name) {
-        return n;
-    }
-    let leaked: &'static str = Box::leak(name.to_owned().into_boxed_str());
-    names.insert(name.to_owned(), leaked);
-    leaked
-}
-
-fn static_value(v: &Bound<'_, PyAny>) -> PyResult<StaticValue> {
-    if v.is_instance_of::<PyBool>() {
-        Ok(StaticValue::Bool(v.extract()?))
-    } else if v.is_instance_of::<PyInt>() {
-        Ok(StaticValue::Int(v.extract()?))
-    } else if v.is_instance_of::<PyFloat>() {
-        Ok(StaticValue::Float(v.extract()?))
-    } else if v.is_instance_of::<PyString>() {
-        Ok(StaticValue::Str(v.extract()?))
-    } else {
-        Err(PyTypeError::new_err(format!(
-            "static value {} is not a bool, int, float or str",
-            v.repr()?
-        )))
-    }
-}
-
 fn statics_of(statics: &Bound<'_, PyList>) -> PyResult<Vec<(&'static str, StaticValue)>> {
     statics
         .iter()
         .map(|item| {
             let (name, value): (String, Bound<'_, PyAny>) = item.extract()?;
-            Ok((intern_name(&name), static_value(&value)?))
+            Ok((
+                crate::intern::intern(&name),
+                crate::registry_api::static_value(item.py(), &name, &value)?,
+            ))
         })
         .collect()
 }
