@@ -843,6 +843,21 @@ impl<'b> Tensor<'b> {
         self.bin(BinaryOp::Power, rhs)
     }
 
+    /// Bitwise `self << rhs` (integers; shifts of the width or more give 0).
+    pub fn shift_left(self, rhs: Tensor<'b>) -> Tensor<'b> {
+        self.bin(BinaryOp::ShiftLeft, rhs)
+    }
+
+    /// Bitwise `self >> rhs`, filling with zeros (integers).
+    pub fn shift_right_logical(self, rhs: Tensor<'b>) -> Tensor<'b> {
+        self.bin(BinaryOp::ShiftRightLogical, rhs)
+    }
+
+    /// Bitwise xor (integers) or logical xor (bool).
+    pub fn xor(self, rhs: Tensor<'b>) -> Tensor<'b> {
+        self.bin(BinaryOp::Xor, rhs)
+    }
+
     fn cmp(self, direction: Direction, rhs: Tensor<'b>) -> Tensor<'b> {
         self.b.defer(self.b.compare(direction, self, rhs))
     }

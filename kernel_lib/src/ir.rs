@@ -20,6 +20,7 @@ pub struct RegionId(pub u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Accepts {
     Float,
+    Int,
     SignedOrFloat,
     IntOrFloat,
     IntOrBool,
@@ -31,6 +32,7 @@ impl Accepts {
         let class = dtype.class();
         match self {
             Accepts::Float => class == DTypeClass::Float,
+            Accepts::Int => matches!(class, DTypeClass::SignedInt | DTypeClass::UnsignedInt),
             Accepts::SignedOrFloat => matches!(class, DTypeClass::Float | DTypeClass::SignedInt),
             Accepts::IntOrFloat => class != DTypeClass::Bool,
             Accepts::IntOrBool => class != DTypeClass::Float,
@@ -41,6 +43,7 @@ impl Accepts {
     fn describe(self) -> &'static str {
         match self {
             Accepts::Float => "a float type",
+            Accepts::Int => "an integer type",
             Accepts::SignedOrFloat => "a signed integer or float type",
             Accepts::IntOrFloat => "an integer or float type",
             Accepts::IntOrBool => "an integer or bool type",
@@ -108,6 +111,9 @@ elementwise_ops! {
         And => "stablehlo.and", IntOrBool;
         Or => "stablehlo.or", IntOrBool;
         Xor => "stablehlo.xor", IntOrBool;
+        ShiftLeft => "stablehlo.shift_left", Int;
+        ShiftRightLogical => "stablehlo.shift_right_logical", Int;
+        ShiftRightArithmetic => "stablehlo.shift_right_arithmetic", Int;
     }
 }
 
