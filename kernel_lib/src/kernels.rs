@@ -9,7 +9,7 @@ use crate::builder::Tensor;
 use crate::error::BuildError;
 use crate::registration::KernelSignature;
 use crate::tpu_kernel;
-use crate::types::{DType, Dim, Shape};
+use crate::types::{DType, Dim, Shape, TensorType};
 
 /// The type arithmetic happens in for inputs of `dtype`.
 fn compute_type(dtype: DType) -> DType {
@@ -461,4 +461,176 @@ pub fn rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Result<Tensor, BuildError>
         [cos, sin].map(|t| upcast(t).reshape([1, dims[1], 1, half]).broadcast_to(&half_shape));
     let out = b.concatenate(&[x1 * c - x2 * s, x2 * c + x1 * s], 3)?;
     Ok(out.cast(x.dtype()))
+}
+
+// ----- optimisers -----
+
+/// A build error for a tensor whose element type differs from the first input's.
+fn dtype_error(kernel: &str, message: String) -> BuildError {
+    BuildError { kernel: kernel.to_owned(), op: "dtype", kind: crate::ErrorKind::DType, message }
+}
+
+/// `1 - beta^step` for an f32 `step` tensor, accurate for `beta` near 1.
+///
+/// `beta^step = exp(step * ln(beta))`, and `1 - exp(y) = -expm1(y)` with
+/// `expm1(y) = 2 tanh(y/2) / (1 - tanh(y/2))`: no cancellation for `y <= 0`, where computing
+/// `1 - pow(f32(beta), step)` would lose the digits of `1 - beta` (`beta2 = 0.999`).
+fn one_minus_pow<'b>(beta: f64, step: Tensor<'b>) -> Tensor<'b> {
+    let t = (step * (0.5 * beta.ln())).tanh();
+    -(t * 2.0) / (1.0 - t)
+}
+
+/// One AdamW step (PyTorch's `torch.optim.AdamW`, decoupled weight decay, no amsgrad):
+/// `(new_param, new_exp_avg, new_exp_avg_sq)`.
+///
+/// With `g = grad`, `t = step` (an f32 scalar tensor, the step count after this update, so a new
+/// step does not recompile): `p *= 1 - lr * weight_decay`; `m = beta1 * m + (1 - beta1) * g`;
+/// `v = beta2 * v + (1 - beta2) * g²`; `p -= lr / (1 - beta1^t) * m / (sqrt(v) /
+/// sqrt(1 - beta2^t) + eps)`. Computed in f32 for 16-bit tensors (`param`, `grad`, `exp_avg`,
+/// `exp_avg_sq` share one element type and one shape). `param`, `exp_avg` and `exp_avg_sq` are
+/// donated to outputs 0, 1 and 2 (`tf.aliasing_output`): an execution given owned buffers
+/// updates them in place. Inputs no AdamW state has are clamped so the update stays finite: a
+/// `step` below 1 counts as 1, a negative `exp_avg_sq` as 0.
+#[tpu_kernel(
+    op = "tpuk::adamw_step",
+    dtypes = [f32, bf16, f16],
+    shapes(param = [..], grad = [..], exp_avg = [..], exp_avg_sq = [..], step = f32[]),
+    defaults(lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2),
+    cache_key = [lr, beta1, beta2, eps, weight_decay],
+    output = [same_as(param), same_as(param), same_as(param)],
+    canonical = [
+        "f32[8,128], f32[8,128], f32[8,128], f32[8,128], f32[]",
+        "bf16[4,256], bf16[4,256], bf16[4,256], bf16[4,256], f32[]",
+        "f32[3,5,33], f32[3,5,33], f32[3,5,33], f32[3,5,33], f32[]; lr=0.01, weight_decay=0.0",
+        "f16[1], f16[1], f16[1], f16[1], f32[]",
+    ],
+)]
+#[allow(clippy::too_many_arguments)]
+pub fn adamw_step(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: Tensor,
+    lr: f64,
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+) -> Result<(Tensor, Tensor, Tensor), BuildError> {
+    const KERNEL: &str = "adamw_step";
+    for (name, t) in [("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)] {
+        if t.dtype() != param.dtype() {
+            let message =
+                format!("{name} {} and param {} differ in element type", t.ty(), param.ty());
+            return Err(dtype_error(KERNEL, message));
+        }
+        if t.shape() != param.shape() {
+            let message = format!("{name} {} and param {} differ in shape", t.ty(), param.ty());
+            return Err(shape_error(KERNEL, KERNEL, message));
+        }
+    }
+    let b = param.builder();
+    for (arg, out) in [(0, 0), (2, 1), (3, 2)] {
+        b.set_param_attr(arg, "tf.aliasing_output", &format!("{out} : i32"))?;
+    }
+    let (p, g, m, v) = (upcast(param), upcast(grad), upcast(exp_avg), upcast(exp_avg_sq));
+    // Out of AdamW's domain only: no state has a step below 1 or a negative second moment.
+    let (step, v) = (step.maximum(step.scalar(1.0)), v.maximum(v.scalar(0.0)));
+    let p = p * (1.0 - lr * weight_decay);
+    let m = m * beta1 + g * (1.0 - beta1);
+    let v = v * beta2 + g * g * (1.0 - beta2);
+    let step_size = lr / one_minus_pow(beta1, step);
+    let denom = v.sqrt() / one_minus_pow(beta2, step).sqrt() + eps;
+    let p = p - m / denom * step_size;
+    let dtype = param.dtype();
+    Ok((p.cast(dtype), m.cast(dtype), v.cast(dtype)))
+}
+
+// ----- regularisation -----
+
+/// The `murmur3` 32-bit finaliser (`fmix32`), a bijection on `u32` with full avalanche.
+fn fmix32(x: Tensor<'_>) -> Tensor<'_> {
+    fn sh(x: Tensor<'_>, n: f64) -> Tensor<'_> {
+        x.xor(x.shift_right_logical(x.scalar(n)))
+    }
+    let x = sh(x, 16.0) * (0x85eb_ca6b_u32 as f64);
+    let x = sh(x, 13.0) * (0xc2b2_ae35_u32 as f64);
+    sh(x, 16.0)
+}
+
+fn dropout_output(sig: &KernelSignature) -> Result<Vec<TensorType>, String> {
+    let x = sig.inputs.first().ok_or("dropout takes x")?;
+    Ok(vec![x.clone(), x.with_dtype(DType::Bool)])
+}
+
+/// Dropout with a counter-based RNG: `(out, mask)`, `out = x * mask * (1 / (1 - p))` (in f32
+/// for 16-bit `x`, rounded once; 0 where dropped, all zeros for `p = 1`), `mask` true where kept.
+///
+/// The RNG is a pure function of `(seed, i)`, `i` the element's row-major index in the
+/// flattened `x` (so it does not depend on tiling or on how a device splits the work), with
+/// wrapping `u32` arithmetic and `fmix32` murmur3's finaliser
+/// (`x ^= x >> 16; x *= 0x85ebca6b; x ^= x >> 13; x *= 0xc2b2ae35; x ^= x >> 16`):
+///
+/// - `lo`, `hi`: the low and high 32 bits of the `i64` `seed` (a scalar tensor, so a new seed
+///   does not recompile);
+/// - `key = fmix32(fmix32(lo ^ 0x9e3779b9) ^ hi)`;
+/// - `h = fmix32(i ^ key)`, `u = (h >> 8) / 2^24`, uniform on `[0, 1)` in steps of `2^-24`;
+/// - kept where `u >= p`, i.e. `h >> 8 >= ceil(p * 2^24)`.
+///
+/// `fmix32` being a bijection, one seed gives distinct `h` for distinct indices; two seeds give
+/// masks that are permutations of one another's index pattern (`i -> i ^ key1 ^ key2`), not
+/// independent streams. At most `2^32` elements.
+#[tpu_kernel(
+    op = "tpuk::dropout",
+    dtypes = [f32, bf16, f16],
+    shapes(x = [..], seed = i64[]),
+    defaults(p = 0.1),
+    cache_key = [p],
+    output_fn = dropout_output,
+    canonical = [
+        "f32[8,128], i64[]",
+        "bf16[4,256], i64[]; p=0.5",
+        "f32[3,5,33], i64[]; p=0.25",
+        "f16[1], i64[]",
+    ],
+)]
+pub fn dropout(x: Tensor, seed: Tensor, p: f64) -> Result<(Tensor, Tensor), BuildError> {
+    const KERNEL: &str = "dropout";
+    if !(0.0..=1.0).contains(&p) {
+        let message = format!("p = {p} is not a probability in [0, 1]");
+        return Err(BuildError {
+            kernel: KERNEL.to_owned(),
+            op: KERNEL,
+            kind: crate::ErrorKind::Shape,
+            message,
+        });
+    }
+    let dims: Option<Vec<u64>> = x.shape().0.iter().map(|d| d.as_static()).collect();
+    let Some(dims) = dims else {
+        return Err(shape_error(KERNEL, KERNEL, format!("{} needs static sizes", x.ty())));
+    };
+    let n: u64 = dims.iter().product();
+    if n > 1 << 32 {
+        return Err(shape_error(KERNEL, KERNEL, format!("{} has over 2^32 elements", x.ty())));
+    }
+    let b = x.builder();
+    let s32 = seed.scalar(32.0);
+    let lo = seed.shift_left(s32).shift_right_logical(s32).cast(DType::U32);
+    let hi = seed.shift_right_logical(s32).cast(DType::U32);
+    let key = fmix32(fmix32(lo.xor(lo.scalar(0x9e37_79b9_u32 as f64))).xor(hi));
+    let flat = b.iota(TensorType::new(DType::U32, [n]), 0)?;
+    let index = flat.reshape(x.shape());
+    let h = fmix32(index.xor(key));
+    let bits = h.shift_right_logical(h.scalar(8.0));
+    let threshold = (p * (1u64 << 24) as f64).ceil();
+    let keep = if threshold >= (1u64 << 24) as f64 {
+        bits.lt(bits.scalar(0.0)) // never: p = 1 (or within 2^-24 of it) drops everything
+    } else {
+        bits.ge(bits.scalar(threshold))
+    };
+    let xf = upcast(x);
+    let scale = if p < 1.0 { 1.0 / (1.0 - p) } else { 0.0 };
+    let out = keep.select(xf * scale, xf.full_like(0.0));
+    Ok((out.cast(x.dtype()), keep))
 }

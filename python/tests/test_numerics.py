@@ -70,6 +70,8 @@ class Case:
     dtypes: tuple[str, ...] = ("f32", "bf16", "f16")
     # Positions of inputs that are class indices (int64), not rounded to the tested dtype.
     integer_inputs: tuple[int, ...] = ()
+    # Positions of inputs kept in float32 whatever the tested dtype (AdamW's step count).
+    f32_inputs: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
@@ -344,6 +346,125 @@ def _rotary_cases() -> list[Case]:
     return out
 
 
+ADAMW_SHAPES = [(3, 7, 33), (1, 5), (8, 128), (1,)]
+ADAMW_STEPS = [1, 10, 1000]
+
+
+def adamw_ref(param, grad, exp_avg, exp_avg_sq, step, **hp) -> tuple[torch.Tensor, ...]:
+    """One `torch.optim.AdamW(foreach=False)` step from the given state, in the inputs' dtype
+    (`step` is the step count after the update)."""
+    p = param.detach().clone().requires_grad_()
+    opt = torch.optim.AdamW([p], foreach=False, **hp)
+    opt.state[p] = {
+        "step": torch.tensor(float(step) - 1.0),
+        "exp_avg": exp_avg.clone(),
+        "exp_avg_sq": exp_avg_sq.clone(),
+    }
+    p.grad = grad.clone()
+    opt.step()
+    st = opt.state[p]
+    return p.detach(), st["exp_avg"], st["exp_avg_sq"]
+
+
+def _adamw_cases() -> list[Case]:
+    out = []
+    for shape in ADAMW_SHAPES:
+        for step in ADAMW_STEPS:
+            def make(g, shape=shape, step=step):
+                m = _randn(g, shape, 0.1)
+                v = _randn(g, shape, 0.1) ** 2 + _randn(g, shape, 0.01) ** 2
+                return [_randn(g, shape), _randn(g, shape), m, v, torch.tensor(float(step), dtype=torch.float64)]
+
+            for hp in [{}, {"lr": 1e-2, "weight_decay": 0.1, "beta2": 0.99}] if shape == (3, 7, 33) else [{}]:
+                full = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 1e-2}
+                statics = {}
+                for k, val in hp.items():
+                    statics[k] = val
+                    if k == "beta2":
+                        full["betas"] = (0.9, val)
+                    else:
+                        full[k] = val
+                tag = "-".join(f"{k}{v}" for k, v in hp.items())
+                out.append(
+                    Case(
+                        "adamw_step",
+                        "tpuk::adamw_step.default",
+                        f"{_shape_id(shape)}-step{step}" + (f"-{tag}" if tag else ""),
+                        make,
+                        ref=lambda *a, full=full: adamw_ref(*a, **full),
+                        eager=lambda *a, full=full: adamw_ref(*a, **full),
+                        statics=statics,
+                        f32_inputs=(4,),
+                    )
+                )
+    return out
+
+
+# ----- dropout: the kernel's counter-based RNG, reimplemented in NumPy -----
+
+
+def _fmix32(h):
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        h = np.asarray(h, dtype=np.uint32).copy()
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x85EBCA6B)
+        h ^= h >> np.uint32(13)
+        h *= np.uint32(0xC2B2AE35)
+        h ^= h >> np.uint32(16)
+    return h
+
+
+def dropout_bits(seed: int, n: int):
+    """The kernel's 24-bit uniforms `h >> 8` for flat indices `0..n` (see `tpuk::dropout`)."""
+    import numpy as np
+
+    s = seed % 2**64
+    lo = np.array([s & 0xFFFFFFFF], dtype=np.uint32)
+    hi = np.array([s >> 32], dtype=np.uint32)
+    key = _fmix32(_fmix32(lo ^ np.uint32(0x9E3779B9)) ^ hi)
+    return _fmix32(np.arange(n, dtype=np.uint32) ^ key) >> np.uint32(8)
+
+
+def dropout_mask_ref(shape: tuple[int, ...], seed: int, p: float) -> torch.Tensor:
+    threshold = math.ceil(p * 2**24)
+    bits = dropout_bits(seed, math.prod(shape))
+    return torch.from_numpy(bits >= threshold).reshape(shape)
+
+
+def dropout_ref(x: torch.Tensor, seed: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    mask = dropout_mask_ref(tuple(x.shape), int(seed), p)
+    scale = 1.0 / (1.0 - p) if p < 1.0 else 0.0
+    return torch.where(mask, x * scale, torch.zeros_like(x)), mask
+
+
+DROPOUT_SHAPES = [(3, 7, 33), (1, 5), (8, 128), (1,)]
+DROPOUT_SEEDS = [0, 12345, -7, 2**40 + 3]
+
+
+def _dropout_cases() -> list[Case]:
+    out = []
+    for shape in DROPOUT_SHAPES:
+        for seed, p in zip(DROPOUT_SEEDS, [0.1, 0.5, 0.25, 0.9]):
+            def make(g, shape=shape, seed=seed):
+                return [_randn(g, shape), torch.tensor(float(seed), dtype=torch.float64)]
+
+            out.append(
+                Case(
+                    "dropout",
+                    "tpuk::dropout.default",
+                    f"{_shape_id(shape)}-seed{seed}-p{p}",
+                    make,
+                    ref=lambda x, seed, p=p: dropout_ref(x, seed, p),
+                    eager=lambda x, seed, p=p: dropout_ref(x, seed, p),
+                    statics={"p": p},
+                    integer_inputs=(1,),
+                )
+            )
+    return out
+
+
 CASES = (
     _elementwise_cases()
     + _softmax_cases()
@@ -352,6 +473,8 @@ CASES = (
     + _gated_cases()
     + _loss_cases()
     + _rotary_cases()
+    + _adamw_cases()
+    + _dropout_cases()
 )
 PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
 
@@ -361,15 +484,19 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
     kernel ran (strict dispatcher: a fallback raises FallbackError)."""
     dtype = DTYPES[dt]
     made = case.make(_seed(f"{case.id}-{dt}"))
-    inputs = [t.long() if i in case.integer_inputs else t.to(dtype) for i, t in enumerate(made)]
+    inputs = [
+        t.long() if i in case.integer_inputs else t.float() if i in case.f32_inputs else t.to(dtype)
+        for i, t in enumerate(made)
+    ]
+    # References first, on copies: a kernel donating its inputs (adamw_step) may not leave them.
+    refs = _tuple(case.ref(*[t if i in case.integer_inputs else t.double() for i, t in enumerate(inputs)]))
+    eagers = _tuple(case.eager(*[t.clone() for t in inputs]))
     d = tk.Dispatcher(strict=True)
     outs = tk.call(case.op, *inputs, dispatcher=d, **case.statics)
     stats = d.stats()
     assert stats["fallbacks"] == 0, stats
     assert stats["ops"][case.op]["kernels"] == {case.kernel: 1}, stats
 
-    refs = _tuple(case.ref(*[t if i in case.integer_inputs else t.double() for i, t in enumerate(inputs)]))
-    eagers = _tuple(case.eager(*inputs))
     assert len(outs) == len(refs) == len(eagers)
     results = []
     for i, (out, ref, eager) in enumerate(zip(outs, refs, eagers)):
@@ -498,6 +625,112 @@ def test_cross_entropy_autograd(dt: str, shape: tuple[int, int]) -> None:
     ref_out = F.cross_entropy(logits.double(), target)
     for name, actual, ref in [("out", out, ref_out), ("dlogits", lk.grad, dlogits)]:
         assert_close_to_reference(actual, ref, dtype, msg=f"cross_entropy autograd {dt} {shape} {name}: ")
+
+
+# ----- dropout's RNG: determinism, statistics, and the NumPy reimplementation -----
+
+
+def _dropout(x: torch.Tensor, seed: int, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    d = tk.Dispatcher(strict=True)
+    out, mask = tk.call("tpuk::dropout.default", x, torch.tensor(seed), p=p, dispatcher=d)
+    assert d.stats()["ops"]["tpuk::dropout.default"]["kernels"] == {"dropout": 1}
+    return out, mask
+
+
+DROPOUT_N = 100_000
+
+
+def test_dropout_mask_is_deterministic_per_seed() -> None:
+    x = torch.ones(250, 400)
+    a, b, c = (_dropout(x, s, 0.5)[1] for s in (7, 7, 8))
+    assert a.dtype == torch.bool and torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert 0.4 < (a != c).float().mean().item() < 0.6  # different seeds: unrelated masks
+
+
+def test_dropout_mask_is_independent_of_shape() -> None:
+    """A function of (seed, flat index) only: the same elements in any shape get the same mask."""
+    flat = _dropout(torch.ones(DROPOUT_N), 99, 0.3)[1]
+    for shape in [(250, 400), (10, 100, 100), (DROPOUT_N, 1)]:
+        assert torch.equal(_dropout(torch.ones(shape), 99, 0.3)[1].reshape(-1), flat), shape
+    assert torch.equal(_dropout(torch.ones(1000), 99, 0.3)[1], flat[:1000])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, -1, 2**40 + 3, -(2**62)])
+@pytest.mark.parametrize("p", [0.1, 0.25, 0.5, 0.75])
+def test_dropout_matches_numpy_hash_and_keep_fraction(seed: int, p: float) -> None:
+    """Bit-for-bit the NumPy reimplementation of the hash; keep fraction within 4 sigma of 1-p."""
+    mask = _dropout(torch.ones(DROPOUT_N), seed, p)[1]
+    assert torch.equal(mask, dropout_mask_ref((DROPOUT_N,), seed, p))
+    sigma = math.sqrt(p * (1 - p) / DROPOUT_N)
+    assert abs(mask.double().mean().item() - (1 - p)) < 4 * sigma
+
+
+@pytest.mark.parametrize("seed", [3, 2**33 + 1])
+def test_dropout_uniforms_pass_chi_square(seed: int) -> None:
+    """The masks at p = 1/4, 1/2, 3/4 split the uniforms into quarters (nested masks); their
+    counts pass a chi-square test (3 degrees of freedom, 0.999 quantile 16.27); so do the 256
+    buckets of the NumPy uniforms (255 dof, mean 255, sd 22.6: below 255 + 5 sd)."""
+    x = torch.ones(DROPOUT_N)
+    m25, m50, m75 = (_dropout(x, seed, p)[1] for p in (0.25, 0.5, 0.75))
+    assert torch.all(m50 <= m25) and torch.all(m75 <= m50)  # nested: one uniform per element
+    quarter = m25.long() + m50.long() + m75.long()
+    counts = torch.bincount(quarter, minlength=4).double()
+    expected = DROPOUT_N / 4
+    assert ((counts - expected) ** 2 / expected).sum().item() < 16.27, counts
+    import numpy as np
+
+    buckets = np.bincount(dropout_bits(seed, DROPOUT_N) >> 16, minlength=256).astype(np.float64)
+    e = DROPOUT_N / 256
+    assert ((buckets - e) ** 2 / e).sum() < 255 + 5 * math.sqrt(2 * 255)
+
+
+def test_dropout_output_is_exact_in_f32() -> None:
+    g = _seed("dropout-exact")
+    x = torch.randn(DROPOUT_N, generator=g)
+    for p in [0.1, 0.3, 0.5]:
+        out, mask = _dropout(x, 5, p)
+        scale = torch.tensor(1.0 / (1.0 - p), dtype=torch.float32)  # 1/(1-p) rounded to f32
+        assert torch.equal(out, x * mask * scale), p  # one f32 rounding of x * scale
+        assert torch.allclose(out, x * mask / (1 - p), rtol=2**-23, atol=0)
+
+
+def test_dropout_p0_keeps_everything_p1_drops_everything() -> None:
+    x = torch.randn(1000, generator=_seed("dropout-p01"))
+    out, mask = _dropout(x, 11, 0.0)
+    assert bool(mask.all()) and torch.equal(out, x)
+    out, mask = _dropout(x, 11, 1.0)
+    assert not bool(mask.any()) and torch.equal(out, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("dt", ["bf16", "f16"])
+def test_dropout_16bit_output_dtype(dt: str) -> None:
+    dtype = DTYPES[dt]
+    x = torch.randn(64, 33, generator=_seed(f"dropout-{dt}")).to(dtype)
+    out, mask = _dropout(x, 2, 0.2)
+    assert out.dtype == dtype and mask.dtype == torch.bool
+    assert torch.equal(mask, dropout_mask_ref((64, 33), 2, 0.2))
+    assert torch.equal(out, (x.float() * mask / 0.8).to(dtype))
+
+
+def test_adamw_step_matches_closed_form_and_leaves_borrowed_inputs() -> None:
+    """The reference (torch.optim.AdamW) is the closed form; the call does not write its
+    (borrowed) torch inputs, donation notwithstanding."""
+    g = _seed("adamw-closed-form")
+    p, grad, m = (_randn(g, (5, 7)) for _ in range(3))
+    v = _randn(g, (5, 7)) ** 2
+    lr, b1, b2, eps, wd, t = 1e-3, 0.9, 0.999, 1e-8, 1e-2, 10
+    m1 = b1 * m + (1 - b1) * grad
+    v1 = b2 * v + (1 - b2) * grad**2
+    p1 = p * (1 - lr * wd) - lr * (m1 / (1 - b1**t)) / ((v1 / (1 - b2**t)).sqrt() + eps)
+    for a, b in zip(adamw_ref(p, grad, m, v, torch.tensor(float(t))), (p1, m1, v1)):
+        torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
+    inputs = [t_.float() for t_ in (p, grad, m, v)] + [torch.tensor(float(t))]
+    copies = [x.clone() for x in inputs]
+    outs = tk.call("tpuk::adamw_step.default", *inputs, dispatcher=tk.Dispatcher(strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(inputs, copies))
+    for out, ref in zip(outs, (p1, m1, v1)):
+        assert_close_to_reference(out, ref, torch.float32)
 
 
 # ----- the harness itself -----

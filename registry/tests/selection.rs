@@ -58,6 +58,8 @@ fn every_standard_kernel_is_linked_and_indexed() {
         "cross_entropy",
         "cross_entropy_backward",
         "rotary",
+        "adamw_step",
+        "dropout",
     ] {
         assert!(index.kernel(name).is_some(), "standard kernel `{name}` not registered");
     }
