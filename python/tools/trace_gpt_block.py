@@ -30,29 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_kernels.torch.graph import Unencodable, encode_arg
+from tpu_kernels.torch.graph import DTYPES, Unencodable, encode_arg
 
 FORMAT_VERSION = 1
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "registry" / "tests" / "data" / "graphs"
 
 BATCH, SEQ, DIM, HEADS, VOCAB, HIDDEN = 2, 8, 32, 2, 64, 64
 EPS = 1e-6
-
-_DTYPES = {
-    torch.float32: "f32",
-    torch.float64: "f64",
-    torch.bfloat16: "bf16",
-    torch.float16: "f16",
-    torch.int8: "i8",
-    torch.int16: "i16",
-    torch.int32: "i32",
-    torch.int64: "i64",
-    torch.uint8: "u8",
-    torch.uint32: "u32",
-    torch.bool: "bool",
-    torch.float8_e4m3fn: "f8e4m3fn",
-    torch.float8_e5m2: "f8e5m2",
-}
 
 
 class GptBlock(nn.Module):
@@ -161,7 +145,7 @@ def op_key(target) -> str:
 def short_type(val) -> str:
     if not isinstance(val, torch.Tensor):
         raise TypeError(f"expected a tensor in node metadata, got {type(val).__name__}")
-    dtype = _DTYPES.get(val.dtype)
+    dtype = DTYPES.get(val.dtype)
     if dtype is None:
         raise TypeError(f"dtype {val.dtype} has no tpu-kernels spelling")
     return f"{dtype}[{','.join(str(int(d)) for d in val.shape)}]"

@@ -24,6 +24,8 @@ DTYPES = {
     torch.uint8: "u8",
     torch.uint32: "u32",
     torch.bool: "bool",
+    torch.float8_e4m3fn: "f8e4m3fn",
+    torch.float8_e5m2: "f8e5m2",
 }
 
 
