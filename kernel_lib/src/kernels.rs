@@ -11,6 +11,8 @@ use crate::registration::KernelSignature;
 use crate::tpu_kernel;
 use crate::types::{DType, Dim, Shape, TensorType};
 
+pub mod sdpa;
+
 /// The type arithmetic happens in for inputs of `dtype`.
 fn compute_type(dtype: DType) -> DType {
     match dtype {

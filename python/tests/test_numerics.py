@@ -72,6 +72,8 @@ class Case:
     integer_inputs: tuple[int, ...] = ()
     # Positions of inputs kept in float32 whatever the tested dtype (AdamW's step count).
     f32_inputs: tuple[int, ...] = ()
+    # Positions of outputs in float32 whatever the tested dtype (attention's logsumexp).
+    f32_outputs: tuple[int, ...] = ()
 
     @property
     def id(self) -> str:
@@ -465,6 +467,142 @@ def _dropout_cases() -> list[Case]:
     return out
 
 
+# (B, H, L, E), (Hk, S): plain, grouped-query (H = 2 Hk), one query row, one key.
+ATTENTION_SHAPES = [((2, 4, 16, 32), (4, 16)), ((2, 4, 5, 8), (2, 7)), ((1, 1, 1, 8), (1, 3)), ((1, 2, 7, 64), (2, 1))]
+FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu.default"
+FLASH_BWD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default"
+
+
+def attention_ref(q, k, v, mask=None, is_causal=False, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, logsumexp) of scaled dot-product attention, written out (grouped-query heads
+    repeated; a bool mask keeps where true, a float one adds; causal aligned top-left)."""
+    scale = scale or 1.0 / math.sqrt(q.shape[-1])
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else s + mask
+    if is_causal:
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
+        s = s.masked_fill(~keep, -math.inf)
+    return torch.softmax(s, -1) @ v, s.logsumexp(-1)
+
+
+def _attention_grads(grad, q, k, v, mask, **kw) -> tuple[torch.Tensor, ...]:
+    """Autograd of `attention_ref`'s output: (dq, dk, dv), and dmask for a float mask."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    float_mask = mask is not None and mask.is_floating_point()
+    m = mask.detach().clone().requires_grad_() if float_mask else mask
+    with torch.enable_grad():
+        attention_ref(*leaves, m, **kw)[0].backward(grad)
+    return tuple(t.grad for t in leaves) + ((m.grad,) if float_mask else ())
+
+
+def _additive(mask, dtype):
+    """PyTorch's flash op takes an additive mask; `F.scaled_dot_product_attention` turns a bool
+    mask into one (-inf where false) before calling it."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -math.inf)
+
+
+def _attention_cases() -> list[Case]:
+    out = []
+    masks = [None, "float", "bool"]
+    for i, ((b, h, l, e), (hk, s)) in enumerate(ATTENTION_SHAPES):
+        mask_kind = masks[i % 3]
+        is_causal = i % 2 == 0
+        statics = {"is_causal": is_causal} | ({"scale": 0.3} if i == 1 else {})
+        kw = {"is_causal": is_causal, "scale": statics.get("scale")}
+        # The mask broadcasts over batch and heads ([L, S]) or over heads ([B, 1, L, S]).
+        mask_shape = (l, s) if i % 2 == 0 else (b, 1, l, s)
+
+        def qkv(g, b=b, h=h, l=l, e=e, hk=hk, s=s):
+            return [_randn(g, (b, h, l, e)), _randn(g, (b, hk, s, e)), _randn(g, (b, hk, s, e))]
+
+        def mask_of(g, kind, shape=mask_shape):
+            if kind == "bool":
+                m = torch.rand(shape, generator=g) > 0.3
+                m[..., 0] = True  # every row keeps a key
+                return m
+            return _randn(g, shape)
+
+        def make(g, kind=mask_kind, qkv=qkv, mask_of=mask_of):
+            return qkv(g) + ([] if kind is None else [mask_of(g, kind)])
+
+        tag = f"{_shape_id((b, h, l, e), (b, hk, s, e))}-{mask_kind or 'nomask'}" + ("-causal" if is_causal else "")
+        kernel = "sdpa_flash_cpu" + ("" if mask_kind is None else "_masked")
+
+        def flash_ref(q, k, v, mask=None, kw=kw):
+            return attention_ref(q, k, v, mask, **kw)
+
+        def flash_eager(q, k, v, mask=None, kw=kw):
+            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, kw["is_causal"], attn_mask=_additive(mask, q.dtype), scale=kw["scale"]
+            )
+            return o, lse
+
+        out.append(
+            Case(
+                kernel,
+                FLASH,
+                tag,
+                make,
+                ref=flash_ref,
+                eager=flash_eager,
+                statics=statics,
+                f32_outputs=(1,),
+            )
+        )
+
+        def make_bwd(g, kind=mask_kind, kw=kw, make=make):
+            # Inputs on bf16's grid (which f16 and f32 hold exactly), so that the saved `out` and
+            # `logsumexp` belong to the inputs the kernel gets in every tested dtype.
+            q, k, v, *m = (t if t.dtype == torch.bool else t.bfloat16().double() for t in make(g, kind))
+            o, lse = attention_ref(q, k, v, *(m or [None]), **kw)
+            return [_randn(g, tuple(o.shape)), q, k, v, o, lse, *m]
+
+        def bwd_ref(grad, q, k, v, o, lse, mask=None, kw=kw):
+            return _attention_grads(grad, q, k, v, mask, **kw)[:3]
+
+        def bwd_eager(grad, q, k, v, o, lse, mask=None, kw=kw):
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, q, k, v, o, lse, 0.0, kw["is_causal"], attn_mask=_additive(mask, q.dtype), scale=kw["scale"]
+            )
+
+        out.append(
+            Case(kernel + "_backward", FLASH_BWD, tag, make_bwd, ref=bwd_ref, eager=bwd_eager, statics=statics, f32_inputs=(5,))
+        )
+
+        # The new op: an additive mask of the query's type.
+        def make_op(g, make=make):
+            return make(g, "float")
+
+        def op_ref(q, k, v, mask, kw=kw):
+            return attention_ref(q, k, v, mask, **kw)[0]
+
+        out.append(Case("attention", "tpuk::attention.default", tag, make_op, ref=op_ref, eager=op_ref, statics=statics))
+
+        def make_op_bwd(g, l=l, e=e, b=b, h=h, make=make):
+            return [_randn(g, (b, h, l, e))] + make(g, "float")
+
+        def op_bwd_ref(grad, q, k, v, mask, kw=kw):
+            return _attention_grads(grad, q, k, v, mask, **kw)
+
+        out.append(
+            Case(
+                "attention_backward",
+                "tpuk::attention_backward.default",
+                tag,
+                make_op_bwd,
+                ref=op_bwd_ref,
+                eager=op_bwd_ref,
+                statics=statics,
+            )
+        )
+    return out
+
+
 CASES = (
     _elementwise_cases()
     + _softmax_cases()
@@ -475,6 +613,7 @@ CASES = (
     + _rotary_cases()
     + _adamw_cases()
     + _dropout_cases()
+    + _attention_cases()
 )
 PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
 
@@ -485,11 +624,18 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
     dtype = DTYPES[dt]
     made = case.make(_seed(f"{case.id}-{dt}"))
     inputs = [
-        t.long() if i in case.integer_inputs else t.float() if i in case.f32_inputs else t.to(dtype)
+        t
+        if t.dtype == torch.bool
+        else t.long()
+        if i in case.integer_inputs
+        else t.float()
+        if i in case.f32_inputs
+        else t.to(dtype)
         for i, t in enumerate(made)
     ]
     # References first, on copies: a kernel donating its inputs (adamw_step) may not leave them.
-    refs = _tuple(case.ref(*[t if i in case.integer_inputs else t.double() for i, t in enumerate(inputs)]))
+    exact = [i in case.integer_inputs or t.dtype == torch.bool for i, t in enumerate(inputs)]
+    refs = _tuple(case.ref(*[t if x else t.double() for t, x in zip(inputs, exact)]))
     eagers = _tuple(case.eager(*[t.clone() for t in inputs]))
     d = tk.Dispatcher(strict=True)
     outs = tk.call(case.op, *inputs, dispatcher=d, **case.statics)
@@ -501,11 +647,13 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
     results = []
     for i, (out, ref, eager) in enumerate(zip(outs, refs, eagers)):
         assert out.shape == ref.shape, (i, out.shape, ref.shape)
+        odtype = torch.float32 if i in case.f32_outputs else dtype
         results.append(
             {
                 "output": i,
-                "kernel": reference_errors(out, ref, dtype),
-                "eager": reference_errors(eager.to(dtype), ref, dtype),
+                "dtype": odtype,
+                "kernel": reference_errors(out, ref, odtype),
+                "eager": reference_errors(eager.to(odtype), ref, odtype),
                 "actual": out,
                 "reference": ref,
             }
@@ -515,8 +663,8 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize(("case", "dt"), PARAMS)
 def test_kernel_numerics(case: Case, dt: str) -> None:
-    dtype = DTYPES[dt]
     for r in run_case(case, dt):
+        dtype = r["dtype"]
         k, e = r["kernel"], r["eager"]
         where = f"{case.kernel} {dt} {case.shape_id} output {r['output']}: "
         if not r["actual"].is_floating_point():

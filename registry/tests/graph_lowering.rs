@@ -117,10 +117,12 @@ fn registered_kernels_become_private_functions_reached_by_call() {
     let name = kernel.name;
     assert_eq!(text.matches(&format!("call @{name}(")).count(), 1, "{text}");
     assert_eq!(text.matches(&format!("func.func private @{name}(")).count(), 1, "{text}");
-    // The default table no longer lowers that node: no `_log_softmax` math in @main beyond the
+    // The block's attention goes to the CPU flash-attention kernel the same way.
+    assert_eq!(text.matches("call @sdpa_flash_cpu(").count(), 1, "{text}");
+    // The default table no longer lowers those nodes: no `_log_softmax` math in @main beyond the
     // call (its only reduce over classes is the kernel's).
-    let only = RegisteredKernels::only(&[name]);
-    assert_eq!(only.kernels().len(), 1);
+    let only = RegisteredKernels::only(&[name, "sdpa_flash_cpu"]);
+    assert_eq!(only.kernels().len(), 2);
     let text_only = graph::lower(&g, &only).unwrap_or_else(|e| panic!("{e}")).to_text();
     assert_eq!(text_only, text);
 }

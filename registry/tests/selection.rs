@@ -60,6 +60,12 @@ fn every_standard_kernel_is_linked_and_indexed() {
         "rotary",
         "adamw_step",
         "dropout",
+        "sdpa_flash_cpu",
+        "sdpa_flash_cpu_masked",
+        "sdpa_flash_cpu_backward",
+        "sdpa_flash_cpu_masked_backward",
+        "attention",
+        "attention_backward",
     ] {
         assert!(index.kernel(name).is_some(), "standard kernel `{name}` not registered");
     }

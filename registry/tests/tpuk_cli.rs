@@ -67,7 +67,7 @@ fn bad_input_is_a_clear_error_with_exit_code_2() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["emit", "nope", "--sig", "f32[2]"],
-            "no kernel named `nope` (registered: adamw_step, cross_entropy, cross_entropy_backward, dropout, gelu,",
+            "no kernel named `nope` (registered: adamw_step, attention, attention_backward, cross_entropy, cross_entropy_backward, dropout,",
         ),
         (&["emit", "silu", "--sig", "f33[2]"], "unknown dtype `f33`"),
         (

@@ -21,8 +21,21 @@ _STATIC_TYPES = {
     "int": ("int", "SymInt"),
     "float": ("float", "Scalar", "SymFloat"),
     "bool": ("bool",),
-    "str": ("str",),
+    "str": ("str", "ScalarType"),
 }
+# Unbound argument types a kernel can do without: shape-like int lists (implied by the tensors'
+# shapes), and output masks (`bool[3] output_mask`: a call must ask for every output).
+_UNBOUND_OK = ("SymInt[]", "int[]", "List[int]", "List[bool]")
+# Ops whose strided inputs are copied to contiguous ones for the kernel instead of falling back:
+# attention's query/key/value (and the backward's gradient) reach these ops as head-transposed
+# views in practically every model, and the copy is small next to the attention itself. Every
+# other op falls back on a non-contiguous input.
+COPY_STRIDED_OPS = frozenset(
+    {
+        "aten::_scaled_dot_product_flash_attention_for_cpu.default",
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
+    }
+)
 
 
 class SchemaMismatchError(TypeError):
@@ -47,11 +60,13 @@ def resolve_overload(key: str):
 
 
 def _type_name(arg) -> str:
+    """The argument's type without `Optional`; `ScalarType` for a dtype (which the JIT schema
+    types as `int`)."""
+    if str(arg.real_type) == "ScalarType":
+        return "ScalarType"
     t = arg.type
-    inner = getattr(t, "getElementType", None)
     if isinstance(t, torch.OptionalType):
         t = t.getElementType()
-    del inner
     return str(t)
 
 
@@ -111,7 +126,7 @@ def check_kernel_schema(info: dict, op: str) -> str | None:
     for a in args:
         if a.name in bound or a.has_default_value() or a.kwarg_only:
             continue
-        if _type_name(a) in ("SymInt[]", "int[]", "List[int]"):
+        if _type_name(a) in _UNBOUND_OK:
             continue
         return refuse(f"torch's required argument `{a.name}: {_type_name(a)}` is not bound")
     return None
@@ -131,37 +146,46 @@ def _bindings_by_name(info: dict, args) -> list | str:
     return out
 
 
-@dataclass
-class Plan:
-    """How calls of one op overload reach its kernels."""
+def _dtype_name(v) -> object:
+    """A `ScalarType` static as kernels read it: torch's name without `torch.` (`float32`)."""
+    return str(v).removeprefix("torch.") if isinstance(v, torch.dtype) else v
 
-    key: str
+
+@dataclass
+class Variant:
+    """How a call binds to the kernels of one op that share one binding."""
+
     kernels: list[str]
-    # Kernels bound to this op whose binding was refused (schema mismatch): never run here.
-    refused: dict[str, str] = field(default_factory=dict)
-    # (name, position, kind, index, torch default) per binding, from the first kernel.
     tensor_slots: list[tuple[str, int]] = field(default_factory=list)
-    static_slots: list[tuple[str, int, object]] = field(default_factory=list)
+    # (name, position, torch default, is a dtype)
+    static_slots: list[tuple[str, int, object, bool]] = field(default_factory=list)
+    # Tensor arguments of torch's schema these kernels do not take: a call must leave them None.
+    absent: list[tuple[str, int]] = field(default_factory=list)
+    # Unbound `bool[]` output masks: a call must ask for every output.
+    all_true: list[tuple[str, int]] = field(default_factory=list)
+    # Strided tensor inputs are copied to contiguous ones (see COPY_STRIDED_OPS).
+    copy_strided: bool = False
 
     def bind(self, args: tuple, kwargs: dict):
-        """(tensors, statics) for the native call, or a reason string when the call cannot go
-        to a kernel."""
-        if not self.static_slots and not kwargs and len(self.tensor_slots) == 1:
-            # The common unary case (`silu(self)`): no loops.
-            pos = self.tensor_slots[0][1]
-            if pos < len(args):
-                t = args[pos]
-                if isinstance(t, torch.Tensor):
-                    return [t], []
-        tensors = []
         n = len(args)
+        for name, pos in self.absent:
+            v = args[pos] if pos < n else kwargs.get(name)
+            if v is not None:
+                return f"argument `{name}` is given; kernel {' / '.join(self.kernels)} does not take it"
+        for name, pos in self.all_true:
+            v = args[pos] if pos < n else kwargs.get(name)
+            if v is not None and not all(v):
+                return f"`{name}` is {list(v)}; kernel {' / '.join(self.kernels)} computes every output"
+        tensors = []
         for name, pos in self.tensor_slots:
             t = args[pos] if pos < n else kwargs.get(name)
             if not isinstance(t, torch.Tensor):
                 return f"argument `{name}` is {type(t).__name__}, not a tensor"
+            if self.copy_strided and not t.is_contiguous():
+                t = t.contiguous()
             tensors.append(t)
         statics = []
-        for name, pos, default in self.static_slots:
+        for name, pos, default, is_dtype in self.static_slots:
             if pos < n:
                 v = args[pos]
             elif name in kwargs:
@@ -170,8 +194,89 @@ class Plan:
                 v = default
             if v is None:
                 continue
-            statics.append((name, v))
+            statics.append((name, _dtype_name(v) if is_dtype else v))
         return tensors, statics
+
+
+@dataclass
+class Plan:
+    """How calls of one op overload reach its kernels: one variant per distinct binding (an op
+    with an optional tensor, such as SDPA's `attn_mask`, has a kernel with it and one without);
+    a call takes the first variant it binds to, and the dispatcher selects among the op's
+    kernels by their guards."""
+
+    key: str
+    kernels: list[str]
+    # Kernels bound to this op whose binding was refused (schema mismatch): never run here.
+    refused: dict[str, str] = field(default_factory=dict)
+    variants: list[Variant] = field(default_factory=list)
+    # The one tensor position of a single-variant unary op (`silu(self)`), for the fast path.
+    unary: int | None = None
+
+    def bind(self, args: tuple, kwargs: dict):
+        """(tensors, statics) for the native call, or a reason string when the call cannot go
+        to a kernel."""
+        pos = self.unary
+        if pos is not None and not kwargs and pos < len(args):
+            t = args[pos]
+            if isinstance(t, torch.Tensor):
+                return [t], []
+        reasons = []
+        for v in self.variants:
+            r = v.bind(args, kwargs)
+            if type(r) is not str:
+                return r
+            reasons.append(r)
+        return "; ".join(dict.fromkeys(reasons))
+
+
+def _variant(info: dict, args) -> Variant | str:
+    bindings = info["bindings"] or _bindings_by_name(info, args)
+    if isinstance(bindings, str):
+        return bindings
+    v = Variant(kernels=[info["name"]])
+    bound = set()
+    for name, pos, kind, index in sorted(bindings, key=lambda b: (b[2] != "tensor", b[3])):
+        bound.add(name)
+        if kind == "tensor":
+            v.tensor_slots.append((name, pos))
+        else:
+            a = args[pos] if pos < len(args) else None
+            default = a.default_value if a is not None and a.has_default_value() else None
+            is_dtype = a is not None and _type_name(a) == "ScalarType"
+            v.static_slots.append((name, pos, default, is_dtype))
+    for pos, a in enumerate(args):
+        if a.name in bound:
+            continue
+        tname = _type_name(a)
+        if tname == "Tensor":
+            v.absent.append((a.name, pos))
+        elif tname == "List[bool]":
+            v.all_true.append((a.name, pos))
+    return v
+
+
+def _plan(key: str, infos: list[dict], refused: dict[str, str], args) -> Plan | None:
+    variants: dict[tuple, Variant] = {}
+    for info in infos:
+        v = _variant(info, args)
+        if isinstance(v, str):
+            continue
+        shape = (tuple(v.tensor_slots), tuple(v.static_slots), tuple(v.absent), tuple(v.all_true))
+        if shape in variants:
+            variants[shape].kernels.append(info["name"])
+        else:
+            variants[shape] = v
+    if not variants:
+        return None
+    for v in variants.values():
+        v.copy_strided = key in COPY_STRIDED_OPS
+    plan = Plan(key=key, kernels=[i["name"] for i in infos], refused=refused, variants=list(variants.values()))
+    if len(plan.variants) == 1:
+        only = plan.variants[0]
+        if len(only.tensor_slots) == 1 and not (only.static_slots or only.absent or only.all_true):
+            plan.unary = only.tensor_slots[0][1]
+    return plan
 
 
 class Table:
@@ -229,20 +334,7 @@ class Table:
             for info in self.infos
             if key in info["ops"] and info["name"] in self.refused
         }
-        plan = None
-        if infos:
-            info = infos[0]
-            args = list(func._schema.arguments)
-            bindings = info["bindings"] or _bindings_by_name(info, args)
-            if not isinstance(bindings, str):
-                plan = Plan(key=key, kernels=[i["name"] for i in infos], refused=refused)
-                for name, pos, kind, index in sorted(bindings, key=lambda b: (b[2] != "tensor", b[3])):
-                    if kind == "tensor":
-                        plan.tensor_slots.append((name, pos))
-                    else:
-                        a = args[pos] if pos < len(args) else None
-                        default = a.default_value if a is not None and a.has_default_value() else None
-                        plan.static_slots.append((name, pos, default))
+        plan = _plan(key, infos, refused, list(func._schema.arguments)) if infos else None
         self.plans[func] = plan
         return plan
 
