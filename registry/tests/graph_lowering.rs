@@ -322,3 +322,39 @@ fn a_resolver_binding_a_tensor_the_node_does_not_take_is_rejected() {
         "node `s1` (aten::_softmax.default): the resolver binds `elsewhere`, which the node does not take"
     );
 }
+
+/// SDPA on CPU with and without `attn_mask`: each call goes to the kernel that takes exactly its
+/// tensors; a kernel without a mask never takes (and drops) a mask.
+#[test]
+fn attention_mask_picks_the_masked_kernel_and_is_never_dropped() {
+    let flash = |kwargs: Value| {
+        graph(
+            json!([
+                {"name": "q", "type": "f32[2,4,5,8]"}, {"name": "k", "type": "f32[2,4,7,8]"},
+                {"name": "v", "type": "f32[2,4,7,8]"}, {"name": "m", "type": "f32[5,7]"}
+            ]),
+            json!([{
+                "name": "a", "op": "aten::_scaled_dot_product_flash_attention_for_cpu.default",
+                "args": [t("q"), t("k"), t("v")], "kwargs": kwargs,
+                "arg_names": ["query", "key", "value", "dropout_p", "is_causal", "attn_mask", "scale"],
+                "outputs": ["f32[2,4,5,8]", "f32[2,4,5]"]
+            }]),
+            json!([{"node": "a"}]),
+        )
+    };
+    let lowered = |g: &Graph, r: &RegisteredKernels| {
+        graph::lower(g, r).unwrap_or_else(|e| panic!("{e}")).to_text()
+    };
+    let masked = flash(json!({"attn_mask": t("m")}));
+    let plain = flash(json!({"attn_mask": "none"}));
+    let all = RegisteredKernels::all();
+    assert!(lowered(&masked, &all).contains("call @sdpa_flash_cpu_masked("));
+    let text = lowered(&plain, &all);
+    assert!(text.contains("call @sdpa_flash_cpu(") && !text.contains("masked"), "{text}");
+    // Only the kernel without a mask: the masked call is the table's, not that kernel's.
+    let unmasked_only = RegisteredKernels::only(&["sdpa_flash_cpu"]);
+    let call = OpCall::new(&masked, &masked.nodes[0]);
+    let err = RegisteredKernels::bind(unmasked_only.kernels()[0], &call).expect_err("mask");
+    assert!(err.contains("`attn_mask` is a tensor the kernel does not take"), "{err}");
+    assert!(!lowered(&masked, &unmasked_only).contains("call @"));
+}

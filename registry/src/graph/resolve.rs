@@ -63,6 +63,25 @@ impl RegisteredKernels {
             let refs: Vec<TensorRef> = call.tensor_args().into_iter().cloned().collect();
             (call.inputs.clone(), refs)
         } else {
+            // A tensor the kernel does not take would be silently dropped (SDPA's `attn_mask` for
+            // the kernel without a mask): such a call is not this kernel's.
+            let takes = |name: &str, position: usize| {
+                kernel.bindings.iter().any(|b| b.name == name || b.position == position)
+            };
+            let is_tensor = |a: &Arg| matches!(a, Arg::Tensor(_) | Arg::TensorList(_));
+            for (i, a) in call.node.args.iter().enumerate() {
+                let name = call.node.arg_names.get(i).map_or("", String::as_str);
+                if is_tensor(a) && !takes(name, i) {
+                    let shown =
+                        if name.is_empty() { format!("argument {i}") } else { format!("`{name}`") };
+                    return Err(format!("{shown} is a tensor the kernel does not take"));
+                }
+            }
+            for (name, a) in &call.node.kwargs {
+                if is_tensor(a) && !kernel.bindings.iter().any(|b| b.name == name) {
+                    return Err(format!("`{name}` is a tensor the kernel does not take"));
+                }
+            }
             let mut tensors: Vec<Option<TensorRef>> = vec![None; kernel.inputs.len()];
             let mut values: Vec<Option<StaticValue>> = vec![None; kernel.statics.len()];
             for b in kernel.bindings {
