@@ -11,6 +11,7 @@ use crate::registration::KernelSignature;
 use crate::tpu_kernel;
 use crate::types::{DType, Dim, Shape, TensorType};
 
+pub mod backward;
 pub mod sdpa;
 
 /// The type arithmetic happens in for inputs of `dtype`.

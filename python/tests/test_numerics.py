@@ -156,6 +156,75 @@ def _softmax_cases() -> list[Case]:
     return out
 
 
+TORCH_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+
+
+def _softmax_backward_cases() -> list[Case]:
+    """`_softmax_backward_data` / `_log_softmax_backward_data` from the forward's output; the
+    `input_dtype` static is the tested dtype's torch name (a callable of the dtype)."""
+    out = []
+    for shape, dim in SOFTMAX_SHAPES:
+        for kernel, op, fwd, bwd in [
+            ("softmax_backward", "aten::_softmax_backward_data.default", torch._softmax, torch._softmax_backward_data),
+            (
+                "log_softmax_backward",
+                "aten::_log_softmax_backward_data.default",
+                torch._log_softmax,
+                torch._log_softmax_backward_data,
+            ),
+        ]:
+            def make(g, shape=shape, dim=dim, fwd=fwd):
+                return [_randn(g, shape), fwd(_randn(g, shape, 3.0), dim, False)]
+
+            out.append(
+                Case(
+                    kernel,
+                    op,
+                    f"{_shape_id(shape)}-dim{dim}",
+                    make,
+                    ref=lambda grad, y, bwd=bwd, dim=dim: bwd(grad, y, dim, y.dtype),
+                    eager=lambda grad, y, bwd=bwd, dim=dim: bwd(grad, y, dim, y.dtype),
+                    statics={"dim": dim, "input_dtype": TORCH_NAMES.__getitem__},
+                )
+            )
+    return out
+
+
+def _layer_norm_grads(grad, x, mean, rstd, w, b, eps=1e-5) -> tuple[torch.Tensor, ...]:
+    """Autograd of f64 layer norm (the saved statistics are the kernel's inputs, not needed)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    with torch.enable_grad():
+        F.layer_norm(leaves[0], leaves[1].shape, leaves[1], leaves[2], eps).backward(grad)
+    return tuple(t.grad for t in leaves)
+
+
+def _layer_norm_backward_cases() -> list[Case]:
+    out = []
+    for shape in NORM_SHAPES:
+        d = shape[-1]
+
+        def make(g, shape=shape, d=d):
+            # x on bf16's grid (exact in every tested dtype) so the saved statistics belong to it.
+            x = _randn(g, shape).bfloat16().double()
+            _, mean, rstd = torch.native_layer_norm(x, [d], None, None, 1e-5)
+            return [_randn(g, shape), x, mean, rstd, _randn(g, (d,)), _randn(g, (d,))]
+
+        def eager(grad, x, mean, rstd, w, b, d=d):
+            return torch.ops.aten.native_layer_norm_backward(grad, x, [d], mean, rstd, w, b, [True] * 3)
+
+        out.append(
+            Case(
+                "layer_norm_backward",
+                "aten::native_layer_norm_backward.default",
+                _shape_id(shape),
+                make,
+                ref=_layer_norm_grads,
+                eager=eager,
+            )
+        )
+    return out
+
+
 def _norm_cases() -> list[Case]:
     out = []
     for shape in NORM_SHAPES:
@@ -614,6 +683,8 @@ CASES = (
     + _adamw_cases()
     + _dropout_cases()
     + _attention_cases()
+    + _softmax_backward_cases()
+    + _layer_norm_backward_cases()
 )
 PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
 
@@ -638,7 +709,8 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
     refs = _tuple(case.ref(*[t if x else t.double() for t, x in zip(inputs, exact)]))
     eagers = _tuple(case.eager(*[t.clone() for t in inputs]))
     d = tk.Dispatcher(strict=True)
-    outs = tk.call(case.op, *inputs, dispatcher=d, **case.statics)
+    statics = {k: v(dt) if callable(v) else v for k, v in case.statics.items()}
+    outs = tk.call(case.op, *inputs, dispatcher=d, **statics)
     stats = d.stats()
     assert stats["fallbacks"] == 0, stats
     assert stats["ops"][case.op]["kernels"] == {case.kernel: 1}, stats

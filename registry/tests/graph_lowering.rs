@@ -358,3 +358,48 @@ fn attention_mask_picks_the_masked_kernel_and_is_never_dropped() {
     assert!(err.contains("`attn_mask` is a tensor the kernel does not take"), "{err}");
     assert!(!lowered(&masked, &unmasked_only).contains("call @"));
 }
+
+/// `native_layer_norm_backward`: the kernel computes all three gradients, so it takes a node only
+/// when its `output_mask` asks for all three; a `ScalarType` argument binds to a str static.
+#[test]
+fn output_masks_and_dtype_arguments_bind_as_the_kernels_expect() {
+    let ln = |mask: Value| {
+        graph(
+            json!([
+                {"name": "g", "type": "f32[4,8]"}, {"name": "x", "type": "f32[4,8]"},
+                {"name": "m", "type": "f32[4,1]"}, {"name": "r", "type": "f32[4,1]"},
+                {"name": "w", "type": "f32[8]"}, {"name": "b", "type": "f32[8]"}
+            ]),
+            json!([{
+                "name": "d", "op": "aten::native_layer_norm_backward.default",
+                "args": [t("g"), t("x"), {"int_list": [8]}, t("m"), t("r"), t("w"), t("b"), mask],
+                "arg_names": ["grad_out", "input", "normalized_shape", "mean", "rstd", "weight",
+                              "bias", "output_mask"],
+                "outputs": ["f32[4,8]", "f32[8]", "f32[8]"]
+            }]),
+            json!([{"node": "d", "output": 0}]),
+        )
+    };
+    let kernels = RegisteredKernels::only(&["layer_norm_backward"]);
+    let k = kernels.kernels()[0];
+    let all = ln(json!({"bool_list": [true, true, true]}));
+    RegisteredKernels::bind(k, &OpCall::new(&all, &all.nodes[0])).expect("all three asked for");
+    let some = ln(json!({"bool_list": [true, false, true]}));
+    let err = RegisteredKernels::bind(k, &OpCall::new(&some, &some.nodes[0])).expect_err("mask");
+    assert!(err.contains("`output_mask` is [true, false, true]"), "{err}");
+
+    let softmax_bwd = graph(
+        json!([{"name": "g", "type": "bf16[4,8]"}, {"name": "y", "type": "bf16[4,8]"}]),
+        json!([{
+            "name": "d", "op": "aten::_softmax_backward_data.default",
+            "args": [t("g"), t("y"), {"int": -1}, {"dtype": "bfloat16"}],
+            "arg_names": ["grad_output", "output", "dim", "input_dtype"],
+            "outputs": ["bf16[4,8]"]
+        }]),
+        json!([{"node": "d"}]),
+    );
+    let text = graph::lower(&softmax_bwd, &RegisteredKernels::all())
+        .unwrap_or_else(|e| panic!("{e}"))
+        .to_text();
+    assert!(text.contains("call @softmax_backward("), "{text}");
+}

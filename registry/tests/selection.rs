@@ -66,6 +66,9 @@ fn every_standard_kernel_is_linked_and_indexed() {
         "sdpa_flash_cpu_masked_backward",
         "attention",
         "attention_backward",
+        "softmax_backward",
+        "log_softmax_backward",
+        "layer_norm_backward",
     ] {
         assert!(index.kernel(name).is_some(), "standard kernel `{name}` not registered");
     }

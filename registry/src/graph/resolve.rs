@@ -68,18 +68,28 @@ impl RegisteredKernels {
             let takes = |name: &str, position: usize| {
                 kernel.bindings.iter().any(|b| b.name == name || b.position == position)
             };
-            let is_tensor = |a: &Arg| matches!(a, Arg::Tensor(_) | Arg::TensorList(_));
+            // An unbound `bool[]` is an output mask (`native_layer_norm_backward`): the kernel
+            // computes every output, so a call must ask for every one.
+            let unbound = |name: &str, a: &Arg| match a {
+                Arg::Tensor(_) | Arg::TensorList(_) => {
+                    Err(format!("{name} is a tensor the kernel does not take"))
+                }
+                Arg::BoolList(mask) if mask.contains(&false) => {
+                    Err(format!("{name} is {mask:?}; the kernel computes every output"))
+                }
+                _ => Ok(()),
+            };
             for (i, a) in call.node.args.iter().enumerate() {
                 let name = call.node.arg_names.get(i).map_or("", String::as_str);
-                if is_tensor(a) && !takes(name, i) {
+                if !takes(name, i) {
                     let shown =
                         if name.is_empty() { format!("argument {i}") } else { format!("`{name}`") };
-                    return Err(format!("{shown} is a tensor the kernel does not take"));
+                    unbound(&shown, a)?;
                 }
             }
             for (name, a) in &call.node.kwargs {
-                if is_tensor(a) && !kernel.bindings.iter().any(|b| b.name == name) {
-                    return Err(format!("`{name}` is a tensor the kernel does not take"));
+                if !kernel.bindings.iter().any(|b| b.name == name) {
+                    unbound(&format!("`{name}`"), a)?;
                 }
             }
             let mut tensors: Vec<Option<TensorRef>> = vec![None; kernel.inputs.len()];
@@ -146,7 +156,7 @@ fn static_of(
         (StaticKind::Float, Some(Arg::Float(v))) => StaticValue::Float(*v),
         (StaticKind::Float, Some(Arg::Int(v))) => StaticValue::Float(*v as f64),
         (StaticKind::Bool, Some(Arg::Bool(v))) => StaticValue::Bool(*v),
-        (StaticKind::Str, Some(Arg::String(v))) => StaticValue::Str(v.clone()),
+        (StaticKind::Str, Some(Arg::String(v) | Arg::Dtype(v))) => StaticValue::Str(v.clone()),
         (_, Some(a)) => return Err(format!("static `{name}` cannot take a {}", a.kind())),
     };
     Ok(value)
