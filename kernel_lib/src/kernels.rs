@@ -146,14 +146,23 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
         "f32[3,5,33], f32[3,5,33], f32[33]; eps=1e-5",
     ],
 )]
-pub fn rms_norm_backward(grad: Tensor, x: Tensor, weight: Tensor, eps: f64) -> (Tensor, Tensor) {
+pub fn rms_norm_backward(
+    grad: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor), BuildError> {
+    if grad.shape() != x.shape() {
+        let message = format!("grad {} and x {} differ in shape", grad.ty(), x.ty());
+        return Err(shape_error("rms_norm_backward", "rms_norm_backward", message));
+    }
     let (gf, xf, wf) = (upcast(grad), upcast(x), upcast(weight));
     let r = ((xf * xf).mean(&[-1], true) + eps).rsqrt();
     let gw = gf * wf;
     let dx = r * gw - xf * r * r * r * (gw * xf).mean(&[-1], true);
     let leading: Vec<i64> = (0..x.rank() as i64 - 1).collect();
     let dw = (gf * xf * r).sum(&leading, false);
-    (dx.cast(x.dtype()), dw.cast(weight.dtype()))
+    Ok((dx.cast(x.dtype()), dw.cast(weight.dtype())))
 }
 
 /// Layer norm over the last dimension: (out, mean, rstd).
@@ -251,7 +260,12 @@ pub fn matmul_bias_act(
 ) -> Result<Tensor, BuildError> {
     let acc = compute_type(x.dtype());
     let y = x.matmul_to(weight, Some(acc)) + upcast(bias);
-    let y = match activation {
+    Ok(epilogue("matmul_bias_act", y, activation)?.cast(x.dtype()))
+}
+
+/// `activation` applied to the f32 matmul result `y`.
+fn epilogue<'b>(kernel: &str, y: Tensor<'b>, activation: &str) -> Result<Tensor<'b>, BuildError> {
+    Ok(match activation {
         "none" => y,
         "relu" => y.maximum(y.scalar(0.0)),
         // The GELU and SiLU epilogues call the registered kernels' modules as private
@@ -267,7 +281,7 @@ pub fn matmul_bias_act(
         }
         other => {
             return Err(BuildError {
-                kernel: "matmul_bias_act".to_owned(),
+                kernel: kernel.to_owned(),
                 op: "epilogue",
                 kind: crate::ErrorKind::DType,
                 message: format!(
@@ -276,8 +290,28 @@ pub fn matmul_bias_act(
                 ),
             });
         }
-    };
-    Ok(y.cast(x.dtype()))
+    })
+}
+
+/// x @ weight, then an activation epilogue (none, relu, gelu, gelu_tanh, silu): what a compiled
+/// graph's `mm` followed by an activation becomes.
+#[tpu_kernel(
+    op = "tpuk::matmul_act",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(x = [M, K], weight = [K, N]),
+    defaults(activation = "none"),
+    cache_key = [activation],
+    output = like(x, [M, N]),
+    canonical = [
+        "f32[8,64], f32[64,128]; activation=gelu_tanh",
+        "bf16[16,128], bf16[128,256]; activation=relu",
+        "f32[7,33], f32[33,5]; activation=silu",
+    ],
+)]
+pub fn matmul_act(x: Tensor, weight: Tensor, activation: &str) -> Result<Tensor, BuildError> {
+    let y = x.matmul_to(weight, Some(compute_type(x.dtype())));
+    Ok(epilogue("matmul_act", y, activation)?.cast(x.dtype()))
 }
 
 // ----- gated activations -----

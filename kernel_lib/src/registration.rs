@@ -246,7 +246,12 @@ impl Guard {
                 if (min..=max).contains(&t.rank()) {
                     Ok(())
                 } else {
-                    Err(format!("input {i} {t} has rank {}, kernel needs {min}..={max}", t.rank()))
+                    let needs = match max {
+                        usize::MAX => format!("at least {min}"),
+                        m if m == min => format!("{min}"),
+                        m => format!("{min}..={m}"),
+                    };
+                    Err(format!("input {i} {t} has rank {}, kernel needs {needs}", t.rank()))
                 }
             }
             Guard::DivisibleBy { input: i, dim: d, by } => match dim(i, d)?.as_static() {

@@ -317,16 +317,23 @@ fn call<'py>(
 // ----- graphs -----
 
 /// Binds graph nodes to registered kernels with the registry's own selection (guards,
-/// priorities, platforms; Rust-built and imported kernels), recording which kernels it inlined.
+/// priorities, platforms; Rust-built and imported kernels), recording which kernels it inlined,
+/// once per node (pattern fusion asks about a fused node before lowering asks again).
 struct RecordingResolver {
     inner: IndexResolver,
-    used: RefCell<Vec<String>>,
+    /// (node, kernel) in graph order.
+    used: RefCell<Vec<(String, String)>>,
 }
 
 impl KernelResolver for RecordingResolver {
     fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall> {
         let kernel_call = self.inner.resolve(call)?;
-        self.used.borrow_mut().push(kernel_call.module.name.clone());
+        let (node, kernel) = (call.node.name.clone(), kernel_call.module.name.clone());
+        let mut used = self.used.borrow_mut();
+        match used.iter_mut().find(|(n, _)| *n == node) {
+            Some(entry) => entry.1 = kernel,
+            None => used.push((node, kernel)),
+        }
         Some(kernel_call)
     }
 }
@@ -478,7 +485,7 @@ fn compile_inner(
         executable: cached.executable,
         inputs: main.params.clone(),
         outputs: main.results.clone(),
-        kernels: resolver.used.into_inner(),
+        kernels: resolver.used.into_inner().into_iter().map(|(_, k)| k).collect(),
     }))
 }
 

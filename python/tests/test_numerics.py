@@ -305,6 +305,22 @@ def _matmul_cases() -> list[Case]:
                     statics={"activation": act},
                 )
             )
+
+        def make_nobias(g, m=m, k=k, n=n):
+            return [_randn(g, (m, k)), _randn(g, (k, n), 1 / math.sqrt(k))]
+
+        for act in ACTIVATIONS:
+            out.append(
+                Case(
+                    "matmul_act",
+                    "tpuk::matmul_act.default",
+                    f"{m}x{k}x{n}-{act}",
+                    make_nobias,
+                    ref=lambda x, w, act=act: _ACT[act](x @ w),
+                    eager=lambda x, w, act=act: _ACT[act](x @ w),
+                    statics={"activation": act},
+                )
+            )
     return out
 
 

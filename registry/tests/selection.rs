@@ -118,7 +118,7 @@ fn no_match_gives_each_candidate_and_its_failed_guard() {
     let err = index.select("test::op.default", &call(&s, &[true])).unwrap_err();
     let NoKernel::NoMatch { reasons, .. } = &err else { panic!("{err:?}") };
     assert_eq!(reasons.len(), 2);
-    assert!(reasons[0].1.contains("rank 1, kernel needs 2..=2"), "{reasons:?}");
+    assert!(reasons[0].1.contains("rank 1, kernel needs 2"), "{reasons:?}");
     assert!(reasons[1].1.contains("dtype f32 not in [f16]"), "{reasons:?}");
     let s2 = sig(&["f32[3,4]"], &[]);
     let err = index.select("test::op.default", &call(&s2, &[false])).unwrap_err();

@@ -9,29 +9,29 @@
 //!
 //! let names: Vec<&str> = tpu_kernels::registered().iter().map(|k| k.name).collect();
 //! assert!(names.contains(&"fused_add_rms_norm"));
-//! assert!(names.contains(&"attention"));
+//! assert!(names.contains(&"mha"));
 //! ```
 
 use tpu_kernels::{BuildError, Tensor, tpu_kernel};
 
 /// `silu(gate) * up`, the SwiGLU feed-forward gate: a new op in this crate's namespace.
 #[tpu_kernel(
-    op = "mylib::swiglu",
+    op = "mylib::gated_silu",
     dtypes = [f32, bf16],
     same_dtype,
     shapes(gate = [.., F], up = [.., F]),
     output = same_as(gate),
-    backward = swiglu_backward,
+    backward = gated_silu_backward,
     canonical = ["f32[8,256], f32[8,256]", "bf16[4,128], bf16[4,128]", "f32[3,5], f32[3,5]"],
 )]
-pub fn swiglu(gate: Tensor, up: Tensor) -> Tensor {
+pub fn gated_silu(gate: Tensor, up: Tensor) -> Tensor {
     let g = gate.cast(tpu_kernels::DType::F32);
     (g * g.sigmoid() * up.cast(tpu_kernels::DType::F32)).cast(gate.dtype())
 }
 
-/// The gradient of [`swiglu`]: `(d gate, d up)` from the output gradient.
+/// The gradient of [`gated_silu`]: `(d gate, d up)` from the output gradient.
 #[tpu_kernel(
-    op = "mylib::swiglu_backward",
+    op = "mylib::gated_silu_backward",
     dtypes = [f32, bf16],
     same_dtype,
     shapes(gate = [.., F], up = [.., F], grad = [.., F]),
@@ -42,7 +42,7 @@ pub fn swiglu(gate: Tensor, up: Tensor) -> Tensor {
         "f32[3,5], f32[3,5], f32[3,5]",
     ],
 )]
-pub fn swiglu_backward(gate: Tensor, up: Tensor, grad: Tensor) -> (Tensor, Tensor) {
+pub fn gated_silu_backward(gate: Tensor, up: Tensor, grad: Tensor) -> (Tensor, Tensor) {
     let f32 = tpu_kernels::DType::F32;
     let (g, u, dy) = (gate.cast(f32), up.cast(f32), grad.cast(f32));
     let s = g.sigmoid();
@@ -89,8 +89,8 @@ pub fn fused_add_rms_norm(
 /// kernel by `export_kernels.py`: the TPU variant is a Mosaic `tpu_custom_call`, the CPU
 /// variant the same kernel in interpret mode.
 #[tpu_kernel(
-    op = "mylib::attention",
+    op = "mylib::mha",
     shapes(q = f32[B, 8, S, 64], k = f32[B, 8, S, 64], v = f32[B, 8, S, 64]),
     import(tpu = "kernels/attention.tpu.mlir", cpu = "kernels/attention.cpu.mlir"),
 )]
-pub fn attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor;
+pub fn mha(q: Tensor, k: Tensor, v: Tensor) -> Tensor;

@@ -14,8 +14,13 @@ fn kernel(name: &str) -> &'static KernelRegistration {
 #[test]
 fn every_demo_kernel_is_registered_next_to_the_standard_ones() {
     let names: Vec<&str> = registered().iter().map(|k| k.name).collect();
+    // Kernel names are unique across every crate linked in (the registry refuses duplicates).
+    let mut unique = names.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), names.len(), "duplicate kernel names in {names:?}");
     for expected in
-        ["swiglu", "swiglu_backward", "fused_add_rms_norm", "attention", "rms_norm", "gelu"]
+        ["gated_silu", "gated_silu_backward", "fused_add_rms_norm", "mha", "rms_norm", "gelu"]
     {
         assert!(names.contains(&expected), "`{expected}` missing from {names:?}");
     }
@@ -23,7 +28,7 @@ fn every_demo_kernel_is_registered_next_to_the_standard_ones() {
 
 #[test]
 fn rust_kernels_emit_at_every_canonical_signature_and_outputs_match_the_rule() {
-    for name in ["swiglu", "swiglu_backward", "fused_add_rms_norm"] {
+    for name in ["gated_silu", "gated_silu_backward", "fused_add_rms_norm"] {
         let k = kernel(name);
         for sig in k.canonical_signatures().unwrap() {
             k.accepts(&sig).unwrap_or_else(|e| panic!("{name} rejects {sig:?}: {e}"));
@@ -49,14 +54,14 @@ fn records_carry_ops_bindings_guards_and_cache_policy() {
     // D % 128 == 0
     let bad = k.parse_signature("f32[8,96], f32[8,96], f32[96]").unwrap();
     assert!(k.accepts(&bad).unwrap_err().contains("multiple of 128"));
-    assert_eq!(kernel("swiglu").backward, Some("swiglu_backward"));
+    assert_eq!(kernel("gated_silu").backward, Some("gated_silu_backward"));
 }
 
 #[test]
 fn the_imported_kernel_embeds_both_modules_with_fingerprints() {
-    let k = kernel("attention");
+    let k = kernel("mha");
     assert!(k.is_imported());
-    assert_eq!(k.ops, ["mylib::attention.default"]);
+    assert_eq!(k.ops, ["mylib::mha.default"]);
     assert_eq!(k.platforms, [Platform::Cpu, Platform::Tpu]);
     assert_eq!(k.dtypes, [DType::F32]);
     let tpu = k.imported_module(Platform::Tpu).unwrap();

@@ -149,11 +149,13 @@ enum Plan {
 }
 
 /// Lowers `graph` into one module whose public `@main` takes the graph inputs and returns its
-/// (non-`null`) outputs. Each node goes to `resolver` first; what it declines goes through the
-/// default table ([`super::supported_ops`]). Every node's results are checked against its output
-/// metadata.
+/// (non-`null`) outputs. Chains one kernel computes are fused first ([`super::fuse`]). Each node
+/// goes to `resolver` first; what it declines goes through the default table
+/// ([`super::supported_ops`]). Every node's results are checked against its output metadata.
 pub fn lower(graph: &Graph, resolver: &dyn KernelResolver) -> Result<Module, LowerError> {
     graph.validate()?;
+    let (fused, _) = super::fuse::fuse(graph, resolver);
+    let graph = &fused;
     let mut plans = Vec::with_capacity(graph.nodes.len());
     let mut unsupported: BTreeMap<&str, &str> = BTreeMap::new();
     for node in &graph.nodes {

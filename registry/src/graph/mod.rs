@@ -52,15 +52,20 @@
 //! - `outputs`: references to what the graph returns, in order; `null` stands for a Python
 //!   `None` (a gradient the graph does not produce) and is not returned by the module.
 //!
+//! Before lowering, [`fuse`] replaces op chains that one registered kernel computes (RMSNorm as
+//! compiled graphs decompose it, a matmul with its activation epilogue) by that kernel's op.
+//!
 //! Parsing ([`Graph::from_json`]) and validation ([`Graph::validate`]) errors are
 //! [`GraphError`]s naming the node at fault. `python/tools/trace_gpt_block.py` writes this format
 //! from FX graphs.
 
+mod fuse;
 mod lower;
 mod model;
 mod resolve;
 mod table;
 
+pub use fuse::{Fusion, fuse};
 pub use lower::{KernelCall, KernelResolver, LowerError, NoKernels, OpCall, lower};
 pub use model::{Arg, FORMAT_VERSION, Graph, GraphError, Input, Node, TensorRef, dtype_from_torch};
 pub use resolve::{IndexResolver, RegisteredKernels};

@@ -19,7 +19,7 @@ _TENSOR_KINDS = ("Tensor",)
 # Static kinds of a kernel vs torch schema argument types they accept.
 _STATIC_TYPES = {
     "int": ("int", "SymInt"),
-    "float": ("float", "Scalar", "SymFloat"),
+    "float": ("float", "Scalar", "number", "SymFloat"),
     "bool": ("bool",),
     "str": ("str", "ScalarType"),
 }
