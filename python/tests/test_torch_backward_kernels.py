@@ -66,20 +66,47 @@ def test_compiled_backward_graph_inlines_the_backward_kernels():
     assert set(BACKWARD_OPS.values()) <= kernels, kernels
 
 
-def test_an_output_mask_that_leaves_an_output_out_falls_back():
-    """`native_layer_norm_backward` with `output_mask=[True, False, True]`: PyTorch returns None
-    for the grad it was not asked for; the kernel computes all three, so the call is PyTorch's."""
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+def test_an_output_mask_leaves_outputs_out_as_pytorch_does(mode):
+    """`native_layer_norm_backward` with `output_mask=[False, True, True]` (a pre-norm block's
+    first norm, whose input needs no gradient): the kernel computes all three and the call
+    returns None where PyTorch does."""
     x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
     _, mean, rstd = torch.native_layer_norm(x, [8], w, b, 1e-5)
     g = torch.randn(4, 8)
     op = "aten::native_layer_norm_backward.default"
-    before = report().ops.get(op, {}).get("fallbacks", {}).get("bad_input", 0)
-    with substitute("strict"):
-        dx, dw, db = torch.ops.aten.native_layer_norm_backward(g, x, [8], mean, rstd, w, b, [True, False, True])
-    assert dw is None and dx is not None and db is not None
-    r = report().ops[op]
-    assert r["fallbacks"]["bad_input"] == before + 1
-    assert "`output_mask` is [True, False, True]" in r["last_fallback"]
+    for mask in ([False, True, True], [True, False, True], [True, True, False]):
+        ref = torch.ops.aten.native_layer_norm_backward(g, x, [8], mean, rstd, w, b, mask)
+        before = _kernel_counts()[op]
+        with substitute(mode):
+            got = torch.ops.aten.native_layer_norm_backward(g, x, [8], mean, rstd, w, b, mask)
+        assert _kernel_counts()[op] == before + 1
+        for a, e, keep in zip(got, ref, mask):
+            assert (a is None) == (e is None) == (not keep)
+            if keep:
+                torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_pre_norm_encoder_trains_under_debug():
+    """`nn.TransformerEncoderLayer(norm_first=True)`: its first LayerNorm's backward asks for no
+    input gradient; under debug every substituted op is checked and nothing falls back."""
+    torch.manual_seed(1)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(2, 5, 32)
+
+    def step():
+        layer.zero_grad()
+        layer(x).square().mean().backward()
+        return [p.grad.clone() for p in layer.parameters()]
+
+    ref = step()
+    before = _kernel_counts()
+    with substitute("debug"):
+        got = step()
+    op = "aten::native_layer_norm_backward.default"
+    assert _kernel_counts()[op] == before[op] + 2
+    for a, e in zip(got, ref):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
 
 
 def test_a_half_to_float_softmax_backward_falls_back_with_the_reason():

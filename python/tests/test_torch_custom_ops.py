@@ -61,12 +61,18 @@ def test_custom_op_under_compile_is_inlined():
     assert "rms_norm" in report().compiled["graphs"][-1]["kernels"]
 
 
-def test_kernel_refusal_is_an_error_not_a_crash():
+def test_kernel_refusal_runs_the_reference_or_is_an_error_not_a_crash(monkeypatch):
+    """f64 is no kernel's dtype: the op's PyTorch reference answers; an op without a reference
+    raises `KernelOpError` with the reason."""
     custom_ops()
+    from tpu_kernels.torch import _references
     from tpu_kernels.torch._custom_ops import KernelOpError
 
-    with pytest.raises(KernelOpError, match="tpuk::rms_norm"):
-        torch.ops.tpuk.rms_norm(torch.randn(4, 32, dtype=torch.float64), torch.randn(32, dtype=torch.float64))
+    x, w = torch.randn(4, 32, dtype=torch.float64), torch.randn(32, dtype=torch.float64)
+    torch.testing.assert_close(torch.ops.tpuk.rms_norm(x, w), rms_ref(x, w, 1e-6))
+    monkeypatch.delitem(_references.REFERENCES, "tpuk::rms_norm.default")
+    with pytest.raises(KernelOpError, match=r"tpuk::rms_norm: .*dtype f64 not in"):
+        torch.ops.tpuk.rms_norm(x, w)
 
 
 def test_autograd_from_the_backward_pairing():

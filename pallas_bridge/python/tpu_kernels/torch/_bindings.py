@@ -24,16 +24,19 @@ _STATIC_TYPES = {
     "str": ("str", "ScalarType"),
 }
 # Unbound argument types a kernel can do without: shape-like int lists (implied by the tensors'
-# shapes), and output masks (`bool[3] output_mask`: a call must ask for every output).
+# shapes), and output masks (`bool[3] output_mask`: the outputs not asked for become None).
 _UNBOUND_OK = ("SymInt[]", "int[]", "List[int]", "List[bool]")
 # Ops whose strided inputs are copied to contiguous ones for the kernel instead of falling back:
-# attention's query/key/value (and the backward's gradient) reach these ops as head-transposed
-# views in practically every model, and the copy is small next to the attention itself. Every
-# other op falls back on a non-contiguous input.
+# attention's query/key/value reach it as head-transposed views in practically every model, and
+# the gradients autograd hands backward ops are often views (of a transpose or an expand); the
+# copy is small next to the op itself. Every other op falls back on a non-contiguous input.
 COPY_STRIDED_OPS = frozenset(
     {
         "aten::_scaled_dot_product_flash_attention_for_cpu.default",
         "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
+        "aten::native_layer_norm_backward.default",
+        "aten::_softmax_backward_data.default",
+        "aten::_log_softmax_backward_data.default",
     }
 )
 
@@ -161,8 +164,6 @@ class Variant:
     static_slots: list[tuple[str, int, object, bool]] = field(default_factory=list)
     # Tensor arguments of torch's schema these kernels do not take: a call must leave them None.
     absent: list[tuple[str, int]] = field(default_factory=list)
-    # Unbound `bool[]` output masks: a call must ask for every output.
-    all_true: list[tuple[str, int]] = field(default_factory=list)
     # Strided tensor inputs are copied to contiguous ones (see COPY_STRIDED_OPS).
     copy_strided: bool = False
 
@@ -172,10 +173,6 @@ class Variant:
             v = args[pos] if pos < n else kwargs.get(name)
             if v is not None:
                 return f"argument `{name}` is given; kernel {' / '.join(self.kernels)} does not take it"
-        for name, pos in self.all_true:
-            v = args[pos] if pos < n else kwargs.get(name)
-            if v is not None and not all(v):
-                return f"`{name}` is {list(v)}; kernel {' / '.join(self.kernels)} computes every output"
         tensors = []
         for name, pos in self.tensor_slots:
             t = args[pos] if pos < n else kwargs.get(name)
@@ -212,6 +209,19 @@ class Plan:
     variants: list[Variant] = field(default_factory=list)
     # The one tensor position of a single-variant unary op (`silu(self)`), for the fast path.
     unary: int | None = None
+    # An unbound `bool[]` output mask (`native_layer_norm_backward`'s): the kernels compute
+    # every output, and those the call did not ask for are returned as None, as PyTorch does.
+    output_mask: tuple[str, int] | None = None
+
+    def mask_outputs(self, outs: tuple, args: tuple, kwargs: dict) -> tuple:
+        """`outs` with None where the call's output mask leaves an output out."""
+        if self.output_mask is None:
+            return outs
+        name, pos = self.output_mask
+        mask = args[pos] if pos < len(args) else kwargs.get(name)
+        if mask is None or all(mask):
+            return outs
+        return tuple(o if keep else None for o, keep in zip(outs, mask))
 
     def bind(self, args: tuple, kwargs: dict):
         """(tensors, statics) for the native call, or a reason string when the call cannot go
@@ -248,11 +258,8 @@ def _variant(info: dict, args) -> Variant | str:
     for pos, a in enumerate(args):
         if a.name in bound:
             continue
-        tname = _type_name(a)
-        if tname == "Tensor":
+        if _type_name(a) == "Tensor":
             v.absent.append((a.name, pos))
-        elif tname == "List[bool]":
-            v.all_true.append((a.name, pos))
     return v
 
 
@@ -262,7 +269,7 @@ def _plan(key: str, infos: list[dict], refused: dict[str, str], args) -> Plan | 
         v = _variant(info, args)
         if isinstance(v, str):
             continue
-        shape = (tuple(v.tensor_slots), tuple(v.static_slots), tuple(v.absent), tuple(v.all_true))
+        shape = (tuple(v.tensor_slots), tuple(v.static_slots), tuple(v.absent))
         if shape in variants:
             variants[shape].kernels.append(info["name"])
         else:
@@ -272,9 +279,12 @@ def _plan(key: str, infos: list[dict], refused: dict[str, str], args) -> Plan | 
     for v in variants.values():
         v.copy_strided = key in COPY_STRIDED_OPS
     plan = Plan(key=key, kernels=[i["name"] for i in infos], refused=refused, variants=list(variants.values()))
+    bound = {b for v in plan.variants for b, _ in v.tensor_slots} | {s[0] for v in plan.variants for s in v.static_slots}
+    masks = [(a.name, pos) for pos, a in enumerate(args) if a.name not in bound and _type_name(a) == "List[bool]"]
+    plan.output_mask = masks[0] if masks else None
     if len(plan.variants) == 1:
         only = plan.variants[0]
-        if len(only.tensor_slots) == 1 and not (only.static_slots or only.absent or only.all_true):
+        if len(only.tensor_slots) == 1 and not (only.static_slots or only.absent) and not masks:
             plan.unary = only.tensor_slots[0][1]
     return plan
 

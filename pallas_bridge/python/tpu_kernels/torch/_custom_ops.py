@@ -6,7 +6,8 @@ out), a fake (meta) function from the kernel's output rule (evaluated on the Rus
 builds the module and reads `@main`'s result types when the rule says so), and, when the
 kernel names a backward kernel, an autograd formula that calls it with
 `(grad_output, *inputs, **statics)` and expects one gradient per tensor input.
-`torch.library.opcheck` passes for each.
+`torch.library.opcheck` passes for each. A call no kernel takes runs the op's PyTorch reference
+(`_references.py`) when it has one, and raises `KernelOpError` with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from ._bindings import resolve_overload
 from ._native import native
+from ._references import REFERENCES
 from ._output import as_tensor
 
 _TORCH_DTYPES = {
@@ -42,7 +44,7 @@ _libs: list = []
 
 
 class KernelOpError(RuntimeError):
-    """A custom op's kernel could not run (the op has no other implementation)."""
+    """A custom op's kernel could not run and the op has no PyTorch reference to run instead."""
 
 
 def _default_text(kind: str, value) -> str:
@@ -111,7 +113,12 @@ def _define(info: dict, op: str):
         tensors = [t.detach().contiguous() for t in tensors]
         r = native().call(key, tensors, statics, True)
         if len(r) == 3:
-            raise KernelOpError(f"{qualname}: {r[2]}")
+            # No kernel took the call (the dispatcher counted the fallback and its reason): the
+            # op's PyTorch reference computes it, where the op has one.
+            reference = REFERENCES.get(key)
+            if reference is None:
+                raise KernelOpError(f"{qualname}: {r[2]}")
+            return reference(*tensors, **dict(statics))
         outs = [as_tensor(c) for c in r[1]]
         return outs[0] if n_out == 1 else tuple(outs)
 
@@ -161,8 +168,12 @@ def _register_autograd(qualname, backward, tensor_names, static_names, order, li
         else:
             r = native().call(bwd_op, [grad.contiguous(), *saved], list(statics.items()), True)
             if len(r) == 3:
-                raise KernelOpError(f"{qualname} backward ({backward}): {r[2]}")
-            grads = [as_tensor(c) for c in r[1]]
+                reference = REFERENCES.get(bwd_op)
+                if reference is None:
+                    raise KernelOpError(f"{qualname} backward ({backward}): {r[2]}")
+                grads = list(reference(grad.contiguous(), *saved, **statics))
+            else:
+                grads = [as_tensor(c) for c in r[1]]
         return (*grads, *([None] * len(static_names)))
 
     if bwd_op is not None:
