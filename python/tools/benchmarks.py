@@ -52,6 +52,9 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 R, C = 1024, 4096  # rows x columns of the main input, as kernel_lib/benches/emit.rs
+ATTN = (4, 8, 512, 64)  # attention's [B, H, L, E]
+ATT = ",".join(map(str, ATTN))
+ATT_LSE = ",".join(map(str, ATTN[:3]))
 
 
 @dataclass
@@ -100,6 +103,20 @@ def _cases() -> dict[str, Case]:
         v = b2 * v + (1 - b2) * grad * grad
         denom = (v / (1 - b2**step)).sqrt() + eps
         return p * (1 - lr * wd) - lr * (m / (1 - b1**step)) / denom, m, v
+
+    def causal_mask() -> Any:
+        n = ATTN[2]
+        return torch.zeros(n, n).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+
+    def flash_saved(causal: bool) -> list[Any]:
+        q, k, v = rn(*ATTN), rn(*ATTN), rn(*ATTN)
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
+        return [rn(*ATTN), q, k, v, o.contiguous(), lse.contiguous()]
+
+    def ln_saved() -> list[Any]:
+        x, w, b = rn(R, C), rn(C), rn(C)
+        _, mean, rstd = torch.native_layer_norm(x, [C], w, b, 1e-5)
+        return [rn(R, C), x, mean, rstd, w, b]
 
     tgt = lambda: torch.randint(0, C, (R,), generator=g)  # noqa: E731
     x2 = f"f32[{R},{C}]"
@@ -183,6 +200,87 @@ def _cases() -> dict[str, Case]:
             {"p": 0.1},
             "random: outputs not compared",
             check=False,
+        ),
+        # Attention at [B, H, L, E] = [4, 8, 512, 64], causal.
+        "sdpa_flash_cpu": Case(
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+            f"f32[{ATT}] x3, causal",
+            lambda: [rn(*ATTN), rn(*ATTN), rn(*ATTN)],
+            lambda q, k, v: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True),
+            {"is_causal": True},
+            "compute-bound: GB/s is not its limit",
+        ),
+        "sdpa_flash_cpu_masked": Case(
+            "aten::_scaled_dot_product_flash_attention_for_cpu",
+            f"f32[{ATT}] x3, f32[{ATTN[2]},{ATTN[2]}] mask",
+            lambda: [rn(*ATTN), rn(*ATTN), rn(*ATTN), rn(ATTN[2], ATTN[2])],
+            lambda q, k, v, m: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False, attn_mask=m),
+            note="compute-bound: GB/s is not its limit",
+        ),
+        "sdpa_flash_cpu_backward": Case(
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+            f"f32[{ATT}] x5, f32[{ATT_LSE}], causal",
+            lambda: flash_saved(True),
+            lambda g_, q, k, v, o, lse: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                g_, q, k, v, o, lse, 0.0, True
+            ),
+            {"is_causal": True},
+            "compute-bound: GB/s is not its limit",
+        ),
+        "sdpa_flash_cpu_masked_backward": Case(
+            "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+            f"f32[{ATT}] x5, f32[{ATT_LSE}], f32[{ATTN[2]},{ATTN[2]}] mask",
+            lambda: flash_saved(False) + [rn(ATTN[2], ATTN[2])],
+            lambda g_, q, k, v, o, lse, m: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                g_, q, k, v, o, lse, 0.0, False, attn_mask=m
+            ),
+            note="compute-bound: GB/s is not its limit",
+        ),
+        "attention_backward": Case(
+            "tpuk::attention_backward",
+            f"f32[{ATT}] x4, f32[{ATTN[2]},{ATTN[2]}] mask, causal",
+            lambda: [rn(*ATTN), rn(*ATTN), rn(*ATTN), rn(*ATTN), rn(ATTN[2], ATTN[2])],
+            None,
+            {"is_causal": True},
+            "PJRT only (PyTorch has no op giving the mask's gradient)",
+        ),
+        "attention": Case(
+            "tpuk::attention",
+            f"f32[{ATT}] x3, f32[{ATTN[2]},{ATTN[2]}] mask, causal",
+            lambda: [rn(*ATTN), rn(*ATTN), rn(*ATTN), rn(ATTN[2], ATTN[2])],
+            lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m + causal_mask()),
+            {"is_causal": True},
+            "eager: F.scaled_dot_product_attention with the causal mask added",
+        ),
+        "softmax_backward": Case(
+            "aten::_softmax_backward_data",
+            f"{x2} x2",
+            lambda: [rn(R, C), torch.softmax(rn(R, C), -1)],
+            lambda g_, y: torch._softmax_backward_data(g_, y, -1, y.dtype),
+            {"dim": -1, "input_dtype": "float32"},
+        ),
+        "log_softmax_backward": Case(
+            "aten::_log_softmax_backward_data",
+            f"{x2} x2",
+            lambda: [rn(R, C), torch.log_softmax(rn(R, C), -1)],
+            lambda g_, y: torch._log_softmax_backward_data(g_, y, -1, y.dtype),
+            {"dim": -1, "input_dtype": "float32"},
+        ),
+        "layer_norm_backward": Case(
+            "aten::native_layer_norm_backward",
+            f"{x2} x2, f32[{R},1] x2, f32[{C}] x2",
+            lambda: ln_saved(),
+            lambda g_, x, mean, rstd, w, b: torch.ops.aten.native_layer_norm_backward(
+                g_, x, [C], mean, rstd, w, b, [True, True, True]
+            ),
+        ),
+        "matmul_act": Case(
+            "tpuk::matmul_act",
+            f"{x2} @ f32[{C},128], gelu_tanh",
+            lambda: [rn(R, C), rn(C, 128, scale=C**-0.5)],
+            lambda x, w: F.gelu(x @ w, approximate="tanh"),
+            {"activation": "gelu_tanh"},
+            "compute-bound: GB/s is not its limit",
         ),
         "rotary": Case(
             "tpuk::rotary",
