@@ -119,3 +119,22 @@ def test_a_half_to_float_softmax_backward_falls_back_with_the_reason():
         got = torch._softmax_backward_data(g, y, -1, torch.bfloat16)
     torch.testing.assert_close(got, torch._softmax_backward_data(g, y, -1, torch.bfloat16))
     assert "input_dtype bfloat16 differs from the output's float32" in report().ops[op]["last_fallback"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_debug_mode_takes_16_bit_layer_norm(dtype):
+    """PyTorch's CPU `native_layer_norm` keeps mean and rstd in the 16-bit input type where its
+    meta function says f32; the kernel follows the CPU kernel and debug mode accepts that."""
+    torch.manual_seed(0)
+    ln = nn.LayerNorm(32).to(dtype)
+    x = torch.randn(4, 32, dtype=dtype, requires_grad=True)
+    ref = ln(x)
+    ref.float().square().sum().backward()
+    ref_grads = [x.grad.clone(), ln.weight.grad.clone()]
+    x.grad, ln.weight.grad, ln.bias.grad = None, None, None
+    with substitute("debug"):
+        out = ln(x)
+        out.float().square().sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x.grad, ref_grads[0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(ln.weight.grad, ref_grads[1], rtol=2e-2, atol=5e-2)
