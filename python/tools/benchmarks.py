@@ -108,10 +108,12 @@ def _cases() -> dict[str, Case]:
         n = ATTN[2]
         return torch.zeros(n, n).masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
 
-    def flash_saved(causal: bool) -> list[Any]:
+    def flash_saved(causal: bool, mask: Any = None) -> list[Any]:
+        """The backward's inputs: a gradient, q, k, v, and the forward's saved out and
+        logsumexp (for the same mask), then the mask if any."""
         q, k, v = rn(*ATTN), rn(*ATTN), rn(*ATTN)
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
-        return [rn(*ATTN), q, k, v, o.contiguous(), lse.contiguous()]
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, attn_mask=mask)
+        return [rn(*ATTN), q, k, v, o.contiguous(), lse.contiguous()] + ([] if mask is None else [mask])
 
     def ln_saved() -> list[Any]:
         x, w, b = rn(R, C), rn(C), rn(C)
@@ -230,7 +232,7 @@ def _cases() -> dict[str, Case]:
         "sdpa_flash_cpu_masked_backward": Case(
             "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
             f"f32[{ATT}] x5, f32[{ATT_LSE}], f32[{ATTN[2]},{ATTN[2]}] mask",
-            lambda: flash_saved(False) + [rn(ATTN[2], ATTN[2])],
+            lambda: flash_saved(False, rn(ATTN[2], ATTN[2])),
             lambda g_, q, k, v, o, lse, m: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                 g_, q, k, v, o, lse, 0.0, False, attn_mask=m
             ),
