@@ -40,9 +40,8 @@ def test_compiled_inference_graph_fuses(name):
     assert kernels == [kernel], kernels
 
 
-# `F.rms_norm` in eager adds eps in place (`add_`), which ends a fused recording; the written-out
-# form stays functional.
-@pytest.mark.parametrize("name", ["written-out rms_norm", "linear+gelu"])
+# `F.rms_norm` in eager adds eps in place (`add_` on an intermediate): recorded as `add`.
+@pytest.mark.parametrize("name", ["F.rms_norm", "written-out rms_norm", "linear+gelu"])
 def test_fused_eager_mode_fuses_the_recorded_chain(name):
     f, args, kernel = CASES[name]
     before = report().graphs.get("kernels", {}).get(kernel, 0)
@@ -69,3 +68,27 @@ def test_training_graph_keeps_the_saved_intermediates():
     torch.testing.assert_close(w.grad, ref_w.grad, rtol=1e-5, atol=4e-5)
     forward = report().compiled["graphs"][n]
     assert "rms_norm" not in forward["kernels"], forward
+
+
+def test_fused_mode_records_in_place_ops_on_pending_values():
+    """`y.add_(1)` on a value the recording produced becomes `add` (no materialisation); on a
+    user's tensor, or on a pending value a view aliases, it materialises and mutates for real."""
+    x = torch.randn(64, 32)
+    flushes = report().fused["flushes"]
+    with substitute("fused"):
+        y = torch.exp(x)
+        y.add_(1.0)
+        y.mul_(2.0)
+        z = torch.tanh(y)
+    assert report().fused["flushes"] == flushes + 1  # only leaving the mode
+    torch.testing.assert_close(z, torch.tanh((torch.exp(x) + 1.0) * 2.0))
+
+    user = x.clone()
+    with substitute("fused"):
+        e = torch.exp(x)
+        user.add_(e)  # the user's own tensor: mutated for real
+        v = e.view(-1)
+        e.mul_(3.0)  # a view aliases `e`: materialises
+    torch.testing.assert_close(user, x + torch.exp(x))
+    torch.testing.assert_close(e, torch.exp(x) * 3.0)
+    torch.testing.assert_close(v, (torch.exp(x) * 3.0).view(-1))

@@ -7,8 +7,10 @@ recorded becomes one StableHLO program (kernels inlined), compiled once per grap
 and run on PJRT; its results are written into the placeholders that are still alive.
 
 Materialisation points: any op that is not recorded (reads such as `.item()` /
-`_local_scalar_dense`, Python control flow on values, in-place ops, printing, ops without a
-lowering), `.cpu()`, `.numpy()`, `.tolist()`, `repr`, and leaving the mode. View ops on
+`_local_scalar_dense`, Python control flow on values, printing, ops without a lowering),
+`.cpu()`, `.numpy()`, `.tolist()`, `repr`, and leaving the mode. An in-place op on a pending
+placeholder that nothing views (`y.add_(eps)` inside `F.rms_norm`, `x += r`) is recorded as its
+functional op, the placeholder standing for the result; any other in-place op materialises. View ops on
 placeholders run at once (they only touch metadata); the placeholder they view is kept as a
 program output.
 
@@ -24,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import _stats
-from ._bindings import TABLE, op_key
+from ._bindings import TABLE, op_key, resolve_overload
 from ._native import native
 from ._output import as_tensor
 from .graph import DTYPES, Unencodable, dumps, encode_arg
@@ -82,6 +84,7 @@ class FusedMode(TorchDispatchMode):
         self.refused = sorted(TABLE.refused)
         self.supported = frozenset(native().supported_ops())
         self.recordable: dict[object, bool] = {}
+        self.functional: dict[object, object] = {}
         self._reset()
         self._saved: dict[str, object] = {}
         self._flushing = False
@@ -154,8 +157,49 @@ class FusedMode(TorchDispatchMode):
                 self.flush("internal error")
             return func(*args, **kwargs)
 
+    def _functional_of(self, func):
+        """The functional overload of in-place op `func` (`add_.Scalar` -> `add.Scalar`) when a
+        graph lowers it, else None."""
+        r = self.functional.get(func, False)
+        if r is False:
+            r = None
+            name = func._schema.name
+            if name.endswith("_") and not name.endswith("__"):
+                f = resolve_overload(f"{name[:-1]}.{func._schema.overload_name or 'default'}")
+                if f is not None and self._is_recordable(f):
+                    r = f
+            self.functional[func] = r
+        return r
+
+    def _record_in_place(self, func, args, kwargs):
+        """An in-place op on a pending placeholder that nothing views: recorded as its functional
+        op, whose result the placeholder then stands for (as functionalization does). None when
+        that does not apply (the op then materialises)."""
+        f = self._functional_of(func)
+        if f is None or not args or not isinstance(args[0], torch.Tensor) or kwargs.get("out") is not None:
+            return None
+        target = args[0]
+        hit = self.produced.get(id(target))
+        if hit is None or hit[2]() is not target or id(target) in self.pinned:
+            return None
+        try:
+            meta = f(*_map(args, _meta), **_map(kwargs, _meta))
+        except Exception:
+            return None
+        if not isinstance(meta, torch.Tensor) or meta.shape != target.shape or meta.dtype != target.dtype:
+            return None
+        # The placeholder's old value is no program output any more; the new node's output is.
+        old_refs = self.nodes[hit[0]][3]
+        old_refs[hit[1]] = None
+        self._record(f, args, kwargs, [target], alias=False, metas=[meta])
+        return target
+
     def _dispatch(self, func, args, kwargs):
         tensors = _tensors((args, kwargs), [])
+        if func._schema.is_mutable and all(t.device.type == "cpu" for t in tensors):
+            done = self._record_in_place(func, args, kwargs)
+            if done is not None:
+                return done
         if not self._is_recordable(func) or any(t.device.type != "cpu" for t in tensors):
             returns_alias = any(r.alias_info is not None for r in func._schema.returns)
             if returns_alias and not func._schema.is_mutable:
