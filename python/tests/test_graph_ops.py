@@ -156,6 +156,10 @@ CASES = {
     ),
     "unary_int_to_float": (lambda i: (a.exp(i), a.sqrt(i), a.rsqrt(i + 1)), [randint(0, 5, 4)]),
     "gelu_silu": (lambda x: (a.gelu(x), a.gelu(x, approximate="tanh"), a.silu(x)), [randn(3, 4)]),
+    "gelu_silu_backward": (
+        lambda g_, x: (a.gelu_backward(g_, x), a.gelu_backward(g_, x, approximate="tanh"), a.silu_backward(g_, x)),
+        [randn(3, 4), randn(3, 4) * 3],
+    ),
     "rsub_scalar": (lambda x: a.rsub.Scalar(x, 2.0, 3), [randn(3)]),
     "sibling_overloads": (
         lambda x, y, i, j, m: (

@@ -240,6 +240,40 @@ pub(super) fn silu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(convert(cx.b, xf * xf.sigmoid(), float_of(x.dtype()))?)
 }
 
+/// `silu_backward(grad_output, self)`: `grad * s * (1 + x (1 - s))` with `s = sigmoid(x)`,
+/// computed in f32 for 16-bit floats.
+pub(super) fn silu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (g, x) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "self")?);
+    let (gf, xf) = (upcast(cx, g)?, upcast(cx, x)?);
+    let s = xf.sigmoid();
+    let d = gf * s * ((1.0 - s) * xf + 1.0);
+    one(convert(cx.b, d, float_of(g.dtype()))?)
+}
+
+/// `gelu_backward(grad_output, self, approximate)`: the derivative of [`gelu`] times the
+/// gradient, computed in f32 for 16-bit floats.
+pub(super) fn gelu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (g, x) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "self")?);
+    let (gf, xf) = (upcast(cx, g)?, upcast(cx, x)?);
+    let d = match cx.opt_string(2, "approximate")?.unwrap_or("none") {
+        "none" => {
+            // Φ(x) + x φ(x), φ(x) = exp(-x²/2) / √(2π)
+            let cdf = ((xf * std::f64::consts::FRAC_1_SQRT_2).erf() + 1.0) * 0.5;
+            let pdf = (xf * xf * -0.5).exp()
+                * (0.5 * std::f64::consts::FRAC_2_SQRT_PI * std::f64::consts::FRAC_1_SQRT_2);
+            cdf + xf * pdf
+        }
+        "tanh" => {
+            // u = k (x + c x³), t = tanh(u): 0.5 (1 + t) + 0.5 x (1 - t²) k (1 + 3 c x²)
+            let (k, c) = ((2.0 / std::f64::consts::PI).sqrt(), 0.044715);
+            let t = ((xf + xf * xf * xf * c) * k).tanh();
+            (t + 1.0) * 0.5 + xf * (1.0 - t * t) * (xf * xf * (3.0 * c) + 1.0) * (0.5 * k)
+        }
+        other => return bad(format!("approximate `{other}` is not `none` or `tanh`")),
+    };
+    one(convert(cx.b, gf * d, float_of(g.dtype()))?)
+}
+
 // ----- comparisons and logic -----
 
 fn compare<'b>(cx: &Cx<'_, 'b>, direction: Direction) -> Out<'b> {

@@ -135,6 +135,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::relu.default", ew::relu),
     ("aten::gelu.default", ew::gelu),
     ("aten::silu.default", ew::silu),
+    ("aten::silu_backward.default", ew::silu_backward),
+    ("aten::gelu_backward.default", ew::gelu_backward),
     // comparisons and logic
     ("aten::eq.Tensor", ew::eq),
     ("aten::eq.Scalar", ew::eq),
