@@ -627,6 +627,13 @@ fn output_types(
         .collect())
 }
 
+/// The next tick of the clock that orders fallback records (the registry's), for fallbacks
+/// the Python side decides, so `report()` can tell which of an op's records is the latest.
+#[pyfunction]
+fn next_fallback_seq() -> u64 {
+    tpu_kernels_registry::dispatch::next_fallback_seq()
+}
+
 /// The counters: per-op eager calls, substitutions, fallbacks with reasons, kernels; kernel
 /// time; compile-cache and graph-program counters.
 #[pyfunction]
@@ -644,6 +651,7 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
             st.fallbacks.iter().map(|(k, v)| (*k, *v)).collect::<BTreeMap<_, _>>(),
         )?;
         o.set_item("last_fallback", st.last_fallback.clone())?;
+        o.set_item("last_fallback_seq", st.last_fallback_seq)?;
         o.set_item("kernels", st.kernels.clone())?;
         ops.set_item(op, o)?;
     }
@@ -713,6 +721,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sub.add_function(wrap_pyfunction!(output_types, &sub)?)?;
     sub.add_function(wrap_pyfunction!(static_defaults, &sub)?)?;
     sub.add_function(wrap_pyfunction!(stats, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(next_fallback_seq, &sub)?)?;
     sub.add_function(wrap_pyfunction!(registry_generation, &sub)?)?;
     sub.add_class::<GraphProgram>()?;
     m.add_submodule(&sub)?;

@@ -170,6 +170,14 @@ struct Prepared {
     executable: Arc<LoadedExecutable>,
 }
 
+/// The next tick of a process-wide clock that orders fallback records: every dispatcher's and
+/// any other recorder's (the Python dispatch modes record theirs on it too), so the latest
+/// fallback of an op can be told whoever recorded it.
+pub fn next_fallback_seq() -> u64 {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
+}
+
 /// Per-op counts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OpStats {
@@ -179,6 +187,8 @@ pub struct OpStats {
     pub fallbacks: BTreeMap<&'static str, u64>,
     /// The last fallback's message.
     pub last_fallback: Option<String>,
+    /// When it was recorded, on the process-wide [`next_fallback_seq`] clock (0: never).
+    pub last_fallback_seq: u64,
     /// Kernels that ran, with counts.
     pub kernels: BTreeMap<String, u64>,
 }
@@ -380,6 +390,7 @@ impl Dispatcher {
             s.calls += 1;
             *s.fallbacks.entry(fallback.reason.category()).or_default() += 1;
             s.last_fallback = Some(message);
+            s.last_fallback_seq = next_fallback_seq();
         });
         if self.strict {
             DispatchError::Strict(fallback)

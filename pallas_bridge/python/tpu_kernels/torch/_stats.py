@@ -18,7 +18,7 @@ from ._native import native
 @dataclass
 class _Local:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # op -> category -> count, op -> last message (fallbacks decided in Python).
+    # op -> category -> count, op -> (clock tick, last message) (fallbacks decided in Python).
     fallbacks: dict = field(default_factory=lambda: defaultdict(lambda: defaultdict(int)))
     last: dict = field(default_factory=dict)
     fused_flushes: int = 0
@@ -33,9 +33,11 @@ LOCAL = _Local()
 
 
 def record_fallback(op: str, category: str, message: str) -> None:
+    # Ticked on the registry's clock, so `report()` shows whichever record is the latest.
+    seq = native().next_fallback_seq()
     with LOCAL.lock:
         LOCAL.fallbacks[op][category] += 1
-        LOCAL.last[op] = message
+        LOCAL.last[op] = (seq, message)
 
 
 def record_fused_flush(n_ops: int, reason: str) -> None:
@@ -130,7 +132,9 @@ def report() -> Report:
             for cat, n in cats.items():
                 o["fallbacks"][cat] = o["fallbacks"].get(cat, 0) + n
                 o["calls"] += n
-            o["last_fallback"] = LOCAL.last.get(op, o["last_fallback"])
+            seq, message = LOCAL.last.get(op, (0, None))
+            if message is not None and seq > o.get("last_fallback_seq", 0):
+                o["last_fallback"] = message
         fused = {"flushes": LOCAL.fused_flushes, "ops": LOCAL.fused_ops, "reasons": dict(LOCAL.fused_reasons)}
         compiled = {
             "graphs": list(LOCAL.compiled_graphs),
