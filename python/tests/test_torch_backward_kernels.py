@@ -138,3 +138,32 @@ def test_debug_mode_takes_16_bit_layer_norm(dtype):
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(x.grad, ref_grads[0], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(ln.weight.grad, ref_grads[1], rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused", "compile"])
+def test_bf16_pre_norm_encoder_training_step(mode):
+    """A bf16 `TransformerEncoderLayer(norm_first=True)` step: LayerNorm's 16-bit mean and rstd
+    (PyTorch's CPU dtype, not its meta function's f32) flow from the forward kernel to the
+    backward, in every mode; results within bf16 rounding of plain PyTorch."""
+    import tpu_kernels.torch  # noqa: F401  (registers the backend)
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, batch_first=True, norm_first=True,
+                                       activation="gelu").to(torch.bfloat16)
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)
+
+    def step():
+        layer.zero_grad()
+        y = layer(x)
+        y.float().square().mean().backward()
+        return [y.detach()] + [p.grad.clone() for p in layer.parameters()]
+
+    ref = step()
+    if mode == "compile":
+        got = torch.compile(step, backend="tpu_kernels")()
+    else:
+        with substitute(mode):
+            got = step()
+    for a, b in zip(got, ref):
+        scale = b.float().abs().max().item() + 1e-6
+        assert (a.float() - b.float()).abs().max().item() <= 2**-6 * scale

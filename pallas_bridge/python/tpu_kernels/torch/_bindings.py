@@ -41,6 +41,25 @@ COPY_STRIDED_OPS = frozenset(
 )
 
 
+# Outputs whose dtype on PyTorch's CPU kernel differs from the op's meta function, which the
+# kernels follow (the CPU kernel is what a program without substitution gets): `(op, output)`.
+# `native_layer_norm` whose tensors are all of one 16-bit type keeps mean and rstd in that type
+# on CPU, where its meta function says f32 (mixed types, e.g. f32 weights, give f32 on CPU too).
+CPU_KEEPS_INPUT_DTYPE = frozenset(
+    {("aten::native_layer_norm.default", 1), ("aten::native_layer_norm.default", 2)}
+)
+
+
+def cpu_output_dtype(key: str, i: int, meta_dtype, input_dtypes):
+    """The dtype PyTorch's CPU kernel gives output `i` of op `key`, from its meta function's
+    dtype and the dtypes of the call's tensors."""
+    if (key, i) in CPU_KEEPS_INPUT_DTYPE and input_dtypes:
+        first = input_dtypes[0]
+        if first in (torch.bfloat16, torch.float16) and all(d == first for d in input_dtypes):
+            return first
+    return meta_dtype
+
+
 class SchemaMismatchError(TypeError):
     """A kernel's binding disagrees with the live torch schema of the op it replaces."""
 

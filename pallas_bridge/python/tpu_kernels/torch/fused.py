@@ -26,7 +26,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import _stats
-from ._bindings import TABLE, op_key, resolve_overload
+from ._bindings import TABLE, cpu_output_dtype, op_key, resolve_overload
 from ._native import native
 from ._output import as_tensor
 from .graph import DTYPES, Unencodable, dumps, encode_arg
@@ -234,6 +234,12 @@ class FusedMode(TorchDispatchMode):
             if self.nodes:
                 self.flush(op_key(func))
             return _run(func, args, kwargs)
+        # Placeholders take the dtype PyTorch's CPU kernel gives, where its meta function differs.
+        key, dtypes = op_key(func), [t.dtype for t in tensors]
+        metas = [
+            m if (d := cpu_output_dtype(key, i, m.dtype, dtypes)) == m.dtype else m.to(d)
+            for i, m in enumerate(metas)
+        ]
         outs = [torch.empty(m.shape, dtype=m.dtype) for m in metas]
         self._record(func, args, kwargs, outs, alias=False, metas=metas)
         return outs[0] if isinstance(out_meta, torch.Tensor) else tuple(outs)

@@ -22,7 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _stats as _report
-from ._bindings import TABLE
+from ._bindings import TABLE, cpu_output_dtype
 from ._native import native
 from ._output import as_tensor
 
@@ -42,19 +42,8 @@ def _meta_like(x):
     return x
 
 
-# Outputs whose meta function's dtype differs from what PyTorch's CPU kernel returns, the one
-# the kernels follow: (op, output) -> why. `native_layer_norm` on 16-bit input keeps mean and
-# rstd in that type on CPU, where its meta function says f32.
-_CPU_DTYPE_DIFFERS_FROM_META = {
-    ("aten::native_layer_norm.default", 1): "mean: the CPU kernel keeps the input's 16-bit type",
-    ("aten::native_layer_norm.default", 2): "rstd: the CPU kernel keeps the input's 16-bit type",
-}
-
-
 def _dtype_agrees(key: str, i: int, out, expected, inputs) -> bool:
-    if out.dtype == expected.dtype:
-        return True
-    return (key, i) in _CPU_DTYPE_DIFFERS_FROM_META and any(out.dtype == t.dtype for t in inputs)
+    return out.dtype == cpu_output_dtype(key, i, expected.dtype, [t.dtype for t in inputs])
 
 
 def _outputs_as_list(out):
