@@ -269,6 +269,35 @@ fn check_saved(
     Ok(())
 }
 
+/// The flash overloads' forward: `(out, f32 logsumexp)`.
+fn flash_forward<'b>(
+    kernel: &'static str,
+    [query, key, value]: [Tensor<'b>; 3],
+    mask: Option<Tensor<'b>>,
+    is_causal: bool,
+    scale: f64,
+) -> Result<(Tensor<'b>, Tensor<'b>), BuildError> {
+    let a = Attention::new(kernel, query, key, value, mask, is_causal, scale)?;
+    let (out, lse) = a.forward()?;
+    Ok((out.cast(query.dtype()), lse))
+}
+
+/// The flash overloads' backward: `(grad_query, grad_key, grad_value)`.
+fn flash_backward<'b>(
+    kernel: &'static str,
+    grad_out: Tensor<'b>,
+    [query, key, value]: [Tensor<'b>; 3],
+    out: Tensor<'b>,
+    mask: Option<Tensor<'b>>,
+    is_causal: bool,
+    scale: f64,
+) -> Result<(Tensor<'b>, Tensor<'b>, Tensor<'b>), BuildError> {
+    check_saved(kernel, grad_out, query, out)?;
+    let a = Attention::new(kernel, query, key, value, mask, is_causal, scale)?;
+    let (dq, dk, dv, _) = a.backward(grad_out)?;
+    Ok((dq.cast(query.dtype()), dk.cast(key.dtype()), dv.cast(value.dtype())))
+}
+
 // ----- PyTorch's CPU flash-attention overloads -----
 
 /// `aten::_scaled_dot_product_flash_attention_for_cpu` without `attn_mask`: `(out, logsumexp)`.
@@ -298,9 +327,7 @@ pub fn sdpa_flash_cpu(
     scale: f64,
 ) -> Result<(Tensor, Tensor), BuildError> {
     let _ = dropout_p;
-    let a = Attention::new("sdpa_flash_cpu", query, key, value, None, is_causal, scale)?;
-    let (out, lse) = a.forward()?;
-    Ok((out.cast(query.dtype()), lse))
+    flash_forward("sdpa_flash_cpu", [query, key, value], None, is_causal, scale)
 }
 
 /// `aten::_scaled_dot_product_flash_attention_for_cpu` with `attn_mask` (bool, f32 or the
@@ -332,10 +359,7 @@ pub fn sdpa_flash_cpu_masked(
     scale: f64,
 ) -> Result<(Tensor, Tensor), BuildError> {
     let _ = dropout_p;
-    let k = "sdpa_flash_cpu_masked";
-    let a = Attention::new(k, query, key, value, Some(attn_mask), is_causal, scale)?;
-    let (out, lse) = a.forward()?;
-    Ok((out.cast(query.dtype()), lse))
+    flash_forward("sdpa_flash_cpu_masked", [query, key, value], Some(attn_mask), is_causal, scale)
 }
 
 /// `aten::_scaled_dot_product_flash_attention_for_cpu_backward` without `attn_mask`:
@@ -375,13 +399,9 @@ pub fn sdpa_flash_cpu_backward(
     is_causal: bool,
     scale: f64,
 ) -> Result<(Tensor, Tensor, Tensor), BuildError> {
-    let _ = dropout_p;
-    let k = "sdpa_flash_cpu_backward";
-    check_saved(k, grad_out, query, out)?;
-    let _ = logsumexp; // guarded f32[B, H, L]; the softmax is recomputed
-    let a = Attention::new(k, query, key, value, None, is_causal, scale)?;
-    let (dq, dk, dv, _) = a.backward(grad_out)?;
-    Ok((dq.cast(query.dtype()), dk.cast(key.dtype()), dv.cast(value.dtype())))
+    let _ = (dropout_p, logsumexp); // logsumexp: guarded f32[B, H, L]; the softmax is recomputed
+    let qkv = [query, key, value];
+    flash_backward("sdpa_flash_cpu_backward", grad_out, qkv, out, None, is_causal, scale)
 }
 
 /// `aten::_scaled_dot_product_flash_attention_for_cpu_backward` with `attn_mask`:
@@ -422,13 +442,9 @@ pub fn sdpa_flash_cpu_masked_backward(
     is_causal: bool,
     scale: f64,
 ) -> Result<(Tensor, Tensor, Tensor), BuildError> {
-    let _ = dropout_p;
-    let k = "sdpa_flash_cpu_masked_backward";
-    check_saved(k, grad_out, query, out)?;
-    let _ = logsumexp; // guarded f32[B, H, L]; the softmax is recomputed
-    let a = Attention::new(k, query, key, value, Some(attn_mask), is_causal, scale)?;
-    let (dq, dk, dv, _) = a.backward(grad_out)?;
-    Ok((dq.cast(query.dtype()), dk.cast(key.dtype()), dv.cast(value.dtype())))
+    let _ = (dropout_p, logsumexp); // logsumexp: guarded f32[B, H, L]; the softmax is recomputed
+    let (k, qkv) = ("sdpa_flash_cpu_masked_backward", [query, key, value]);
+    flash_backward(k, grad_out, qkv, out, Some(attn_mask), is_causal, scale)
 }
 
 // ----- the new op -----
