@@ -138,3 +138,37 @@ def test_compiled_graph_inlines_the_masked_kernel():
     torch.testing.assert_close(out, f(q, k, v, mask), rtol=1e-5, atol=2e-6)
     graphs = report().compiled["graphs"][n:]
     assert any("sdpa_flash_cpu_masked" in g["kernels"] for g in graphs), graphs
+
+
+def test_a_fully_masked_row_gives_zeros_as_pytorch():
+    """A query row whose every key is masked out (-inf): PyTorch's CPU flash attention gives a
+    zero output, a logsumexp of 0 and zero gradients; so do the kernels (no NaN)."""
+    q, k, v = (t.detach() for t in _qkv(b=1, h=2, l=3, s=4, e=8))
+    mask = torch.zeros(3, 4)
+    mask[1, :] = float("-inf")
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    ref = flash(q, k, v, 0.0, False, attn_mask=mask)
+    with substitute("debug"):
+        got = flash(q, k, v, 0.0, False, attn_mask=mask)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
+    g = torch.randn(q.shape)
+    bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    ref_grads = bwd(g, q, k, v, ref[0], ref[1], 0.0, False, attn_mask=mask)
+    with substitute("debug"):
+        grads = bwd(g, q, k, v, ref[0], ref[1], 0.0, False, attn_mask=mask)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
+        assert torch.isfinite(a).all()
+
+
+def test_an_explicit_zero_scale_is_a_zero_scale():
+    """`scale=0.0` (uniform attention) is not PyTorch's `None` (1/sqrt(E)): the kernels' default
+    is -0.0, so an explicit 0 computes what PyTorch computes."""
+    q, k, v = (t.detach() for t in _qkv())
+    ref = F.scaled_dot_product_attention(q, k, v, scale=0.0)
+    before = _kernel_counts(FLASH)
+    with substitute("debug"):
+        got = F.scaled_dot_product_attention(q, k, v, scale=0.0)
+    assert _ran(before, FLASH) == {"sdpa_flash_cpu": 1}
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=2e-6)

@@ -4,8 +4,8 @@
 //!
 //! Shapes follow PyTorch: `query [B, H, L, E]`, `key` and `value` `[B, Hk, S, E]` with `H` a
 //! multiple of `Hk` (grouped-query attention: query head `h` reads key/value head
-//! `h / (H / Hk)`). Scores are `query @ key^T * scale` (`scale` 0, PyTorch's `None`, means
-//! `1 / sqrt(E)`), plus the mask (additive for a float mask; a `bool` mask keeps where true),
+//! `h / (H / Hk)`). Scores are `query @ key^T * scale` (`scale` -0, the default, stands for
+//! PyTorch's `None`: `1 / sqrt(E)`; an explicit 0 is a zero scale), plus the mask (additive for a float mask; a `bool` mask keeps where true),
 //! with the causal mask aligned top-left as PyTorch's (`key <= query` position). Everything is
 //! computed in f32 for 16-bit inputs and rounded once; the forward's `logsumexp` stays f32, as
 //! PyTorch's (`[B, H, L]`). Dropout inside attention is not done here: the flash kernels require
@@ -83,10 +83,12 @@ impl<'b> Attention<'b> {
             return Err(shape_error(kernel, "attention", message));
         }
         if !(scale >= 0.0 && scale.is_finite()) {
-            let message = format!("scale = {scale} (0 means 1/sqrt(E); otherwise positive)");
+            let message = format!("scale = {scale} (-0 means 1/sqrt(E); otherwise at least 0)");
             return Err(shape_error(kernel, "attention", message));
         }
-        let scale = if scale == 0.0 { 1.0 / (qd[3] as f64).sqrt() } else { scale };
+        // -0, the default, stands for PyTorch's `None`; an explicit 0 is a zero scale.
+        let unset = scale == 0.0 && scale.is_sign_negative();
+        let scale = if unset { 1.0 / (qd[3] as f64).sqrt() } else { scale };
         let scores_shape = vec![qd[0], heads, qd[2], kd[2]];
         let group = heads / kv_heads;
         let mask = match mask {
@@ -187,15 +189,33 @@ impl<'b> Attention<'b> {
         Ok(cols.le(rows).select(s, neg_inf))
     }
 
-    /// `(out, logsumexp)`: out `[B, H, L, E]` f32, logsumexp `[B, H, L]` f32.
-    fn forward(&self) -> Result<(Tensor<'b>, Tensor<'b>), BuildError> {
-        let s = self.scores()?;
+    /// The softmax's pieces along the keys: `(m, e, l)` with `m` the row maximum, `e = exp(s -
+    /// m)` and `l = sum(e)`, where a row every key of which is masked out (`m = -inf`) takes
+    /// `m = 0`, so its `e` and `l` are 0 rather than NaN.
+    fn softmax_parts(
+        &self,
+        s: Tensor<'b>,
+    ) -> Result<(Tensor<'b>, Tensor<'b>, Tensor<'b>), BuildError> {
         let m = s.amax(&[-1], true);
-        let p = (s - m).exp();
-        let l = p.sum(&[-1], true);
-        let out = self.dot(p, self.v, (3, 2))? / l;
-        let lse = (m + l.log()).reshape(Shape::of(&self.scores_shape[..3]));
-        Ok((out, lse))
+        let m = m.eq(m.full_like(f64::NEG_INFINITY)).select(m.full_like(0.0), m);
+        let e = (s - m).exp();
+        let l = e.sum(&[-1], true);
+        Ok((m, e, l))
+    }
+
+    /// `l` with its zeros (fully masked rows) replaced by 1: dividing by it leaves those rows 0.
+    fn nonzero(l: Tensor<'b>) -> Tensor<'b> {
+        l.eq(l.full_like(0.0)).select(l.full_like(1.0), l)
+    }
+
+    /// `(out, logsumexp)`: out `[B, H, L, E]` f32, logsumexp `[B, H, L]` f32. A row every key
+    /// of which is masked out gives zeros and a logsumexp of 0, as PyTorch's CPU kernel.
+    fn forward(&self) -> Result<(Tensor<'b>, Tensor<'b>), BuildError> {
+        let (m, e, l) = self.softmax_parts(self.scores()?)?;
+        let out = self.dot(e, self.v, (3, 2))? / Self::nonzero(l);
+        let empty = l.eq(l.full_like(0.0));
+        let lse = empty.select(l.full_like(0.0), m + l.log());
+        Ok((out, lse.reshape(Shape::of(&self.scores_shape[..3]))))
     }
 
     /// `(dq, dk, dv, dscores)` for `grad` (`[B, H, L, E]`). `dk` and `dv` are summed back over
@@ -210,9 +230,8 @@ impl<'b> Attention<'b> {
         &self,
         grad: Tensor<'b>,
     ) -> Result<(Tensor<'b>, Tensor<'b>, Tensor<'b>, Tensor<'b>), BuildError> {
-        let s = self.scores()?;
-        let e = (s - s.amax(&[-1], true)).exp();
-        let p = e / e.sum(&[-1], true);
+        let (_, e, l) = self.softmax_parts(self.scores()?)?;
+        let p = e / Self::nonzero(l);
         let g = upcast(grad);
         let dv = self.dot(p, g, (2, 2))?;
         let dp = self.dot(g, self.v, (3, 3))?;
@@ -306,7 +325,7 @@ fn flash_backward<'b>(
     schema(query, key, value, dropout_p, is_causal, attn_mask, scale),
     dtypes = [f32, bf16, f16],
     shapes(query = [B, H, L, E], key = [B, G, S, E], value = [B, G, S, E]),
-    defaults(dropout_p = 0.0, is_causal = false, scale = 0.0),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
     require(dropout_p == 0.0),
     cache_key = [dropout_p, is_causal, scale],
     output = [same_as(query), tensor(f32, [B, H, L])],
@@ -337,7 +356,7 @@ pub fn sdpa_flash_cpu(
     schema(query, key, value, dropout_p, is_causal, attn_mask, scale),
     dtypes = [f32, bf16, f16],
     shapes(query = [B, H, L, E], key = [B, G, S, E], value = [B, G, S, E], attn_mask = [..]),
-    defaults(dropout_p = 0.0, is_causal = false, scale = 0.0),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
     require(dropout_p == 0.0),
     cache_key = [dropout_p, is_causal, scale],
     output = [same_as(query), tensor(f32, [B, H, L])],
@@ -377,7 +396,7 @@ pub fn sdpa_flash_cpu_masked(
         out = [B, H, L, E],
         logsumexp = f32[B, H, L],
     ),
-    defaults(dropout_p = 0.0, is_causal = false, scale = 0.0),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
     require(dropout_p == 0.0),
     cache_key = [dropout_p, is_causal, scale],
     output = [same_as(query), same_as(key), same_as(value)],
@@ -419,7 +438,7 @@ pub fn sdpa_flash_cpu_backward(
         logsumexp = f32[B, H, L],
         attn_mask = [..],
     ),
-    defaults(dropout_p = 0.0, is_causal = false, scale = 0.0),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
     require(dropout_p == 0.0),
     cache_key = [dropout_p, is_causal, scale],
     output = [same_as(query), same_as(key), same_as(value)],
@@ -457,7 +476,7 @@ pub fn sdpa_flash_cpu_masked_backward(
     op = "tpuk::attention",
     dtypes = [f32, bf16, f16],
     shapes(query = [B, H, L, E], key = [B, G, S, E], value = [B, G, S, E], mask = [..]),
-    defaults(is_causal = false, scale = 0.0),
+    defaults(is_causal = false, scale = -0.0),
     cache_key = [is_causal, scale],
     output = same_as(query),
     backward = attention_backward,
@@ -493,7 +512,7 @@ pub fn attention(
         value = [B, G, S, E],
         mask = [..],
     ),
-    defaults(is_causal = false, scale = 0.0),
+    defaults(is_causal = false, scale = -0.0),
     cache_key = [is_causal, scale],
     output = [same_as(query), same_as(key), same_as(value), same_as(mask)],
     canonical = [

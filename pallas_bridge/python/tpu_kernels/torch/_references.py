@@ -115,15 +115,29 @@ def dropout(x, seed, p=0.1):
     return torch.where(keep, _up(x) * scale, 0.0).to(x.dtype), keep
 
 
-def attention(query, key, value, mask, is_causal=False, scale=0.0):
+def _scale(scale: float, e: int) -> float:
+    """The kernels' `scale`: -0 (the default) stands for PyTorch's None, 1/sqrt(E)."""
+    return 1.0 / math.sqrt(e) if scale == 0.0 and math.copysign(1.0, scale) < 0 else scale
+
+
+def _softmax(s: torch.Tensor) -> torch.Tensor:
+    """Softmax along the keys, 0 for a row every key of which is masked out (as the kernels and
+    PyTorch's CPU flash attention)."""
+    m = s.amax(-1, keepdim=True)
+    e = (s - torch.where(m == -math.inf, 0.0, m)).exp()
+    l = e.sum(-1, keepdim=True)
+    return e / torch.where(l == 0, 1.0, l)
+
+
+def attention(query, key, value, mask, is_causal=False, scale=-0.0):
     q, k, v = _up(query), _up(key), _up(value)
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = q @ k.transpose(-1, -2) * (scale or 1.0 / math.sqrt(q.shape[-1])) + _up(mask)
+    s = q @ k.transpose(-1, -2) * _scale(scale, q.shape[-1]) + _up(mask)
     if is_causal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
         s = s.masked_fill(~keep, -math.inf)
-    return (torch.softmax(s, -1) @ v).to(query.dtype)
+    return (_softmax(s) @ v).to(query.dtype)
 
 
 # The backward references are written out, not autograd of the forwards: they run where a
@@ -162,16 +176,16 @@ def cross_entropy_backward(grad, logits, target):
     return d.to(logits.dtype), torch.zeros_like(target)
 
 
-def attention_backward(grad, query, key, value, mask, is_causal=False, scale=0.0):
+def attention_backward(grad, query, key, value, mask, is_causal=False, scale=-0.0):
     q, k, v, g = _up(query), _up(key), _up(value), _up(grad)
     group = q.shape[1] // k.shape[1]
     kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scale = scale or 1.0 / math.sqrt(q.shape[-1])
+    scale = _scale(scale, q.shape[-1])
     s = q @ kr.transpose(-1, -2) * scale + _up(mask)
     if is_causal:
         keep = torch.ones(s.shape[-2:], dtype=torch.bool).tril()
         s = s.masked_fill(~keep, -math.inf)
-    p = torch.softmax(s, -1)
+    p = _softmax(s)
     dv = p.transpose(-1, -2) @ g
     dp = g @ vr.transpose(-1, -2)
     ds = p * (dp - (g * (p @ vr)).sum(-1, keepdim=True))
