@@ -167,3 +167,29 @@ def test_bf16_pre_norm_encoder_training_step(mode):
     for a, b in zip(got, ref):
         scale = b.float().abs().max().item() + 1e-6
         assert (a.float() - b.float()).abs().max().item() <= 2**-6 * scale
+
+
+def test_compiled_pre_norm_backward_keeps_partial_output_masks_in_the_graph():
+    """The first norm's `native_layer_norm_backward` asks for no input gradient (FX gives None
+    for it); the graph still declares that output's type, so the node stays in the lowered
+    program, on the kernel, instead of splitting the graph."""
+    import tpu_kernels.torch  # noqa: F401  (registers the backend)
+
+    torch.manual_seed(2)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
+    x = torch.randn(2, 5, 32)
+
+    def step():
+        layer.zero_grad()
+        layer(x).square().mean().backward()
+        return [p.grad.clone() for p in layer.parameters()]
+
+    ref = step()
+    n = len(report().compiled["graphs"])
+    eager_before = dict(report().compiled["eager_nodes"])
+    got = torch.compile(step, backend="tpu_kernels")()
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    backward = [g for g in report().compiled["graphs"][n:] if g["name"].startswith("backward")]
+    assert backward and backward[0]["kernels"].count("layer_norm_backward") == 2, backward
+    assert report().compiled["eager_nodes"] == eager_before

@@ -364,7 +364,7 @@ fn attention_mask_picks_the_masked_kernel_and_is_never_dropped() {
 /// when its `output_mask` asks for all three; a `ScalarType` argument binds to a str static.
 #[test]
 fn output_masks_and_dtype_arguments_bind_as_the_kernels_expect() {
-    let ln = |mask: Value| {
+    let ln = |mask: Value, outputs: Value| {
         graph(
             json!([
                 {"name": "g", "type": "f32[4,8]"}, {"name": "x", "type": "f32[4,8]"},
@@ -376,18 +376,23 @@ fn output_masks_and_dtype_arguments_bind_as_the_kernels_expect() {
                 "args": [t("g"), t("x"), {"int_list": [8]}, t("m"), t("r"), t("w"), t("b"), mask],
                 "arg_names": ["grad_out", "input", "normalized_shape", "mean", "rstd", "weight",
                               "bias", "output_mask"],
-                "outputs": ["f32[4,8]", "f32[8]", "f32[8]"]
+                "outputs": outputs
             }]),
             json!([{"node": "d", "output": 0}]),
         )
     };
+    let three = json!(["f32[4,8]", "f32[8]", "f32[8]"]);
     let kernels = RegisteredKernels::only(&["layer_norm_backward"]);
     let k = kernels.kernels()[0];
-    let all = ln(json!({"bool_list": [true, true, true]}));
+    let all = ln(json!({"bool_list": [true, true, true]}), three.clone());
     RegisteredKernels::bind(k, &OpCall::new(&all, &all.nodes[0])).expect("all three asked for");
-    let some = ln(json!({"bool_list": [true, false, true]}));
-    let err = RegisteredKernels::bind(k, &OpCall::new(&some, &some.nodes[0])).expect_err("mask");
-    assert!(err.contains("`output_mask` is [true, false, true]"), "{err}");
+    // Leaving an output out is fine while the node declares every output's type.
+    let some = ln(json!({"bool_list": [false, true, true]}), three);
+    RegisteredKernels::bind(k, &OpCall::new(&some, &some.nodes[0])).expect("all declared");
+    let short = ln(json!({"bool_list": [true, false, false]}), json!(["f32[4,8]"]));
+    let err =
+        RegisteredKernels::bind(k, &OpCall::new(&short, &short.nodes[0])).expect_err("1 of 3");
+    assert!(err.contains("`output_mask` is [true, false, false] and the node declares 1"), "{err}");
 
     let softmax_bwd = graph(
         json!([{"name": "g", "type": "bf16[4,8]"}, {"name": "y", "type": "bf16[4,8]"}]),

@@ -69,13 +69,16 @@ impl RegisteredKernels {
                 kernel.bindings.iter().any(|b| b.name == name || b.position == position)
             };
             // An unbound `bool[]` is an output mask (`native_layer_norm_backward`): the kernel
-            // computes every output, so a call must ask for every one.
+            // computes every output, so a node leaving some out must still declare them all.
+            let declared = call.node.outputs.len();
             let unbound = |name: &str, a: &Arg| match a {
                 Arg::Tensor(_) | Arg::TensorList(_) => {
                     Err(format!("{name} is a tensor the kernel does not take"))
                 }
-                Arg::BoolList(mask) if mask.contains(&false) => {
-                    Err(format!("{name} is {mask:?}; the kernel computes every output"))
+                Arg::BoolList(mask) if mask.contains(&false) && declared < mask.len() => {
+                    Err(format!(
+                        "{name} is {mask:?} and the node declares {declared} outputs; the kernel computes every output"
+                    ))
                 }
                 _ => Ok(()),
             };

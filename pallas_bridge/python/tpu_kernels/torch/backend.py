@@ -23,7 +23,7 @@ from . import _stats as _report
 from ._bindings import op_key
 from ._native import native
 from ._output import as_tensor
-from .graph import Unencodable, dumps, fx_to_json
+from .graph import Unencodable, dumps, fill_masked_outputs, fx_to_json
 
 _MAX_SPLITS = 8
 
@@ -109,7 +109,7 @@ def _supported_pred(supported: set[str], bad: set[str]):
             return False
         val = node.meta.get("val")
         vals = list(val) if isinstance(val, (tuple, list)) else [val]
-        if not all(isinstance(v, torch.Tensor) for v in vals):
+        if not all(isinstance(v, torch.Tensor) for v in fill_masked_outputs(node, vals)):
             return False
         return op_key(node.target) in supported
 

@@ -92,6 +92,31 @@ def encode_arg(a, ref):
     raise Unencodable(f"cannot encode argument {a!r} ({type(a).__name__})")
 
 
+# Ops with an output mask whose outputs left out are None in FX: the argument each output's type
+# follows, so the node still declares every output (the kernels compute them all; the graph
+# never reads the ones left out).
+_MASKED_OUTPUT_LIKE = {
+    "aten::native_layer_norm_backward.default": ("input", "weight", "bias"),
+}
+
+
+def fill_masked_outputs(node, vals: list) -> list:
+    """`vals` (a node's output values) with the outputs an output mask left out (None) filled
+    in from the arguments their types follow, for the ops `_MASKED_OUTPUT_LIKE` names."""
+    like = _MASKED_OUTPUT_LIKE.get(op_key(node.target))
+    if like is None or all(v is not None for v in vals) or len(vals) != len(like):
+        return vals
+    names = [a.name for a in node.target._schema.arguments]
+    out = []
+    for v, arg in zip(vals, like):
+        if v is None:
+            i = names.index(arg)
+            a = node.kwargs.get(arg, node.args[i] if i < len(node.args) else None)
+            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        out.append(v)
+    return out
+
+
 def node_json(name: str, func, args, kwargs, outputs: list[str], ref) -> dict:
     schema = func._schema
     node = {
@@ -130,7 +155,7 @@ def fx_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
             val = node.meta.get("val")
             vals = list(val) if isinstance(val, (tuple, list)) else [val]
             try:
-                out_types = [short_type(v) for v in vals]
+                out_types = [short_type(v) for v in fill_masked_outputs(node, vals)]
             except Unencodable as e:
                 raise Unencodable(f"node `{node.name}` ({op_key(node.target)}): {e}") from None
             try:
