@@ -92,3 +92,17 @@ def test_fused_mode_records_in_place_ops_on_pending_values():
     torch.testing.assert_close(user, x + torch.exp(x))
     torch.testing.assert_close(e, torch.exp(x) * 3.0)
     torch.testing.assert_close(v, (torch.exp(x) * 3.0).view(-1))
+
+
+def test_fused_mode_in_place_on_a_view_reaches_its_base():
+    """`v = e.view(-1); v.mul_(3)` on a pending `e`: the write must show in `e` (the view is not
+    re-pointed on its own)."""
+    x = torch.randn(16, 8)
+    with substitute("fused"):
+        e = torch.exp(x)
+        v = e.view(-1)
+        v.mul_(3.0)
+        w = torch.tanh(e)
+    torch.testing.assert_close(e, torch.exp(x) * 3.0)
+    torch.testing.assert_close(v, (torch.exp(x) * 3.0).view(-1))
+    torch.testing.assert_close(w, torch.tanh(torch.exp(x) * 3.0))

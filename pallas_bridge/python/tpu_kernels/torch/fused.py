@@ -182,6 +182,9 @@ class FusedMode(TorchDispatchMode):
         hit = self.produced.get(id(target))
         if hit is None or hit[2]() is not target or id(target) in self.pinned:
             return None
+        old_refs = self.nodes[hit[0]][3]
+        if old_refs[hit[1]] is None:  # a recorded view: writing it must reach its base
+            return None
         try:
             meta = f(*_map(args, _meta), **_map(kwargs, _meta))
         except Exception:
@@ -189,7 +192,6 @@ class FusedMode(TorchDispatchMode):
         if not isinstance(meta, torch.Tensor) or meta.shape != target.shape or meta.dtype != target.dtype:
             return None
         # The placeholder's old value is no program output any more; the new node's output is.
-        old_refs = self.nodes[hit[0]][3]
         old_refs[hit[1]] = None
         self._record(f, args, kwargs, [target], alias=False, metas=[meta])
         return target
