@@ -592,15 +592,16 @@ def _additive(mask, dtype):
 
 
 def _attention_cases() -> list[Case]:
+    """Every shape with no mask, a float mask and a bool mask for the flash kernels (causal on
+    every other shape, an explicit scale on one), and with a float mask for `tpuk::attention`."""
     out = []
-    masks = [None, "float", "bool"]
     for i, ((b, h, l, e), (hk, s)) in enumerate(ATTENTION_SHAPES):
-        mask_kind = masks[i % 3]
         is_causal = i % 2 == 0
         statics = {"is_causal": is_causal} | ({"scale": 0.3} if i == 1 else {})
         kw = {"is_causal": is_causal, "scale": statics.get("scale")}
         # The mask broadcasts over batch and heads ([L, S]) or over heads ([B, 1, L, S]).
         mask_shape = (l, s) if i % 2 == 0 else (b, 1, l, s)
+        shape_tag = _shape_id((b, h, l, e), (b, hk, s, e)) + ("-causal" if is_causal else "")
 
         def qkv(g, b=b, h=h, l=l, e=e, hk=hk, s=s):
             return [_randn(g, (b, h, l, e)), _randn(g, (b, hk, s, e)), _randn(g, (b, hk, s, e))]
@@ -612,52 +613,47 @@ def _attention_cases() -> list[Case]:
                 return m
             return _randn(g, shape)
 
-        def make(g, kind=mask_kind, qkv=qkv, mask_of=mask_of):
+        def make(g, kind, qkv=qkv, mask_of=mask_of):
             return qkv(g) + ([] if kind is None else [mask_of(g, kind)])
 
-        tag = f"{_shape_id((b, h, l, e), (b, hk, s, e))}-{mask_kind or 'nomask'}" + ("-causal" if is_causal else "")
-        kernel = "sdpa_flash_cpu" + ("" if mask_kind is None else "_masked")
+        for mask_kind in (None, "float", "bool"):
+            tag = f"{shape_tag}-{mask_kind or 'nomask'}"
+            kernel = "sdpa_flash_cpu" + ("" if mask_kind is None else "_masked")
 
-        def flash_ref(q, k, v, mask=None, kw=kw):
-            return attention_ref(q, k, v, mask, **kw)
+            def make_fwd(g, kind=mask_kind, make=make):
+                return make(g, kind)
 
-        def flash_eager(q, k, v, mask=None, kw=kw):
-            o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, kw["is_causal"], attn_mask=_additive(mask, q.dtype), scale=kw["scale"]
-            )
-            return o, lse
+            def flash_ref(q, k, v, mask=None, kw=kw):
+                return attention_ref(q, k, v, mask, **kw)
 
-        out.append(
-            Case(
-                kernel,
-                FLASH,
-                tag,
-                make,
-                ref=flash_ref,
-                eager=flash_eager,
-                statics=statics,
-                f32_outputs=(1,),
-            )
-        )
+            def flash_eager(q, k, v, mask=None, kw=kw):
+                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q, k, v, 0.0, kw["is_causal"], attn_mask=_additive(mask, q.dtype), scale=kw["scale"]
+                )
 
-        def make_bwd(g, kind=mask_kind, kw=kw, make=make):
-            # Inputs on bf16's grid (which f16 and f32 hold exactly), so that the saved `out` and
-            # `logsumexp` belong to the inputs the kernel gets in every tested dtype.
-            q, k, v, *m = (t if t.dtype == torch.bool else t.bfloat16().double() for t in make(g, kind))
-            o, lse = attention_ref(q, k, v, *(m or [None]), **kw)
-            return [_randn(g, tuple(o.shape)), q, k, v, o, lse, *m]
-
-        def bwd_ref(grad, q, k, v, o, lse, mask=None, kw=kw):
-            return _attention_grads(grad, q, k, v, mask, **kw)[:3]
-
-        def bwd_eager(grad, q, k, v, o, lse, mask=None, kw=kw):
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                grad, q, k, v, o, lse, 0.0, kw["is_causal"], attn_mask=_additive(mask, q.dtype), scale=kw["scale"]
+            out.append(
+                Case(kernel, FLASH, tag, make_fwd, ref=flash_ref, eager=flash_eager, statics=statics, f32_outputs=(1,))
             )
 
-        out.append(
-            Case(kernel + "_backward", FLASH_BWD, tag, make_bwd, ref=bwd_ref, eager=bwd_eager, statics=statics, f32_inputs=(5,))
-        )
+            def make_bwd(g, kind=mask_kind, kw=kw, make=make):
+                # Inputs on bf16's grid (which f16 and f32 hold exactly), so that the saved `out`
+                # and `logsumexp` belong to the inputs the kernel gets in every tested dtype.
+                q, k, v, *m = (t if t.dtype == torch.bool else t.bfloat16().double() for t in make(g, kind))
+                o, lse = attention_ref(q, k, v, *(m or [None]), **kw)
+                return [_randn(g, tuple(o.shape)), q, k, v, o, lse, *m]
+
+            def bwd_ref(grad, q, k, v, o, lse, mask=None, kw=kw):
+                return _attention_grads(grad, q, k, v, mask, **kw)[:3]
+
+            def bwd_eager(grad, q, k, v, o, lse, mask=None, kw=kw):
+                return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    grad, q, k, v, o, lse, 0.0, kw["is_causal"], attn_mask=_additive(mask, q.dtype), scale=kw["scale"]
+                )
+
+            out.append(
+                Case(kernel + "_backward", FLASH_BWD, tag, make_bwd, ref=bwd_ref, eager=bwd_eager, statics=statics,
+                     f32_inputs=(5,))
+            )
 
         # The new op: an additive mask of the query's type.
         def make_op(g, make=make):
@@ -666,7 +662,8 @@ def _attention_cases() -> list[Case]:
         def op_ref(q, k, v, mask, kw=kw):
             return attention_ref(q, k, v, mask, **kw)[0]
 
-        out.append(Case("attention", "tpuk::attention.default", tag, make_op, ref=op_ref, eager=op_ref, statics=statics))
+        out.append(Case("attention", "tpuk::attention.default", shape_tag, make_op, ref=op_ref, eager=op_ref,
+                        statics=statics))
 
         def make_op_bwd(g, l=l, e=e, b=b, h=h, make=make):
             return [_randn(g, (b, h, l, e))] + make(g, "float")
@@ -675,15 +672,8 @@ def _attention_cases() -> list[Case]:
             return _attention_grads(grad, q, k, v, mask, **kw)
 
         out.append(
-            Case(
-                "attention_backward",
-                "tpuk::attention_backward.default",
-                tag,
-                make_op_bwd,
-                ref=op_bwd_ref,
-                eager=op_bwd_ref,
-                statics=statics,
-            )
+            Case("attention_backward", "tpuk::attention_backward.default", shape_tag, make_op_bwd, ref=op_bwd_ref,
+                 eager=op_bwd_ref, statics=statics)
         )
     return out
 
