@@ -87,10 +87,10 @@ def test_an_output_mask_leaves_outputs_out_as_pytorch_does(mode):
                 torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
 
 
-def test_pre_norm_encoder_trains_under_debug():
-    """`nn.TransformerEncoderLayer(norm_first=True)`: its first LayerNorm's backward asks for no
-    input gradient; under debug every substituted op is checked and nothing falls back."""
-    torch.manual_seed(1)
+def _pre_norm_encoder_step(seed: int):
+    """A training step of a small `nn.TransformerEncoderLayer(norm_first=True)`, returning the
+    parameter gradients: its first LayerNorm's backward asks for no input gradient."""
+    torch.manual_seed(seed)
     layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
     x = torch.randn(2, 5, 32)
 
@@ -99,6 +99,12 @@ def test_pre_norm_encoder_trains_under_debug():
         layer(x).square().mean().backward()
         return [p.grad.clone() for p in layer.parameters()]
 
+    return step
+
+
+def test_pre_norm_encoder_trains_under_debug():
+    """Under debug every substituted op is checked, and nothing falls back."""
+    step = _pre_norm_encoder_step(1)
     ref = step()
     before = _kernel_counts()
     with substitute("debug"):
@@ -175,15 +181,7 @@ def test_compiled_pre_norm_backward_keeps_partial_output_masks_in_the_graph():
     program, on the kernel, instead of splitting the graph."""
     import tpu_kernels.torch  # noqa: F401  (registers the backend)
 
-    torch.manual_seed(2)
-    layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, norm_first=True)
-    x = torch.randn(2, 5, 32)
-
-    def step():
-        layer.zero_grad()
-        layer(x).square().mean().backward()
-        return [p.grad.clone() for p in layer.parameters()]
-
+    step = _pre_norm_encoder_step(2)
     ref = step()
     n = len(report().compiled["graphs"])
     eager_before = dict(report().compiled["eager_nodes"])
