@@ -7,21 +7,10 @@ line-numbered diagnostic.
 from __future__ import annotations
 
 from jaxlib.mlir import ir
-from jaxlib.mlir._mlir_libs import _jax_mlir_ext
-from jaxlib.mlir.dialects import chlo, stablehlo
 
+from tpu_kernels._mlir import new_context
 
-def new_context() -> ir.Context:
-    """A context with MLIR's upstream dialects (func among them), stablehlo and chlo."""
-    ctx = ir.Context()
-    registry = ir.DialectRegistry()
-    _jax_mlir_ext.register_dialects(registry)
-    ctx.append_dialect_registry(registry)
-    ctx.load_all_available_dialects()
-    stablehlo.register_dialect(ctx)
-    chlo.register_dialect(ctx)
-    ctx.allow_unregistered_dialects = False
-    return ctx
+__all__ = ["new_context", "parse"]
 
 
 def parse(text: str, ctx: ir.Context | None = None) -> ir.Module:

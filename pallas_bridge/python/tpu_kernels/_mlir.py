@@ -33,10 +33,9 @@ def require_jax() -> Any:
     return jax
 
 
-@functools.cache
-def _context() -> Any:
-    """A context with stablehlo, chlo and MLIR's upstream dialects (func among them), verifying
-    on parse; unregistered dialects are errors."""
+def new_context() -> Any:
+    """A new context with stablehlo, chlo and MLIR's upstream dialects (func among them),
+    verifying on parse; unregistered dialects are errors."""
     require_jax()
     from jaxlib.mlir import ir
     from jaxlib.mlir._mlir_libs import _jax_mlir_ext
@@ -51,6 +50,10 @@ def _context() -> Any:
     chlo.register_dialect(ctx)
     ctx.allow_unregistered_dialects = False
     return ctx
+
+
+# The package's one context (parsing never mutates it).
+_context = functools.cache(new_context)
 
 
 def parse_check(text: str, what: str) -> Any:
