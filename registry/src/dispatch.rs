@@ -44,26 +44,74 @@ pub fn dtype_of(ty: ElementType) -> Option<DType> {
     DType::ALL.into_iter().find(|d| element_type(*d) == Some(ty))
 }
 
-/// Copies row-major `data` of type `ty` to `client`'s first device. The error names what is
-/// wrong (a dtype PJRT buffers do not carry, a symbolic shape, a length that does not match).
-pub fn upload(client: &Client, ty: &TensorType, data: &[u8]) -> Result<Buffer, String> {
+fn pjrt_shape(ty: &TensorType) -> Result<(ElementType, Vec<i64>), String> {
     let element = element_type(ty.dtype).ok_or_else(|| format!("{ty} has no PJRT buffer type"))?;
-    let dims: Vec<i64> = ty
+    let dims = ty
         .shape
         .static_dims()
         .ok_or_else(|| format!("{ty} has symbolic dimensions"))?
         .into_iter()
         .map(|d| d as i64)
         .collect();
+    Ok((element, dims))
+}
+
+/// Copies row-major `data` of type `ty` to `client`'s first device. The error names what is
+/// wrong (a dtype PJRT buffers do not carry, a symbolic shape, a length that does not match).
+pub fn upload(client: &Client, ty: &TensorType, data: &[u8]) -> Result<Buffer, String> {
+    let (element, dims) = pjrt_shape(ty)?;
     client.buffer_from_bytes(data, element, &dims).map_err(|e| e.to_string())
 }
 
-/// Uploads every input (see [`upload`]); the error names the input.
-pub fn upload_all(client: &Client, inputs: &[HostTensor<'_>]) -> Result<Vec<Buffer>, String> {
+/// An input buffer that may alias the host bytes it was made from (see [`upload_input`]): it
+/// borrows them, so they outlive it.
+#[derive(Debug)]
+pub struct InputBuffer<'a> {
+    buffer: Buffer,
+    _data: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl std::ops::Deref for InputBuffer<'_> {
+    type Target = Buffer;
+    fn deref(&self) -> &Buffer {
+        &self.buffer
+    }
+}
+
+/// Row-major `data` of type `ty` as an input of an execution: read in place, without a copy,
+/// where the client can alias host memory (the CPU plugin, with data aligned to
+/// [`pjrt::VIEW_ALIGNMENT`] bytes, as PyTorch's and NumPy's allocations are), else a copy
+/// (see [`upload`]).
+pub fn upload_input<'a>(
+    client: &Client,
+    ty: &TensorType,
+    data: &'a [u8],
+) -> Result<InputBuffer<'a>, String> {
+    let (element, dims) = pjrt_shape(ty)?;
+    // SAFETY: the view borrows `data` for `'a` through `InputBuffer`, so the bytes outlive the
+    // buffer; `&'a [u8]` keeps them unwritten meanwhile; and an `InputBuffer` only hands out
+    // `&Buffer`, which executions borrow and never donate.
+    let view = unsafe { client.view_of_host_bytes(data, element, &dims) };
+    let buffer = match view {
+        Ok(Some(b)) => b,
+        // A plugin that refuses the view (an alignment rule of its own, say) gets a copy.
+        Ok(None) | Err(pjrt::Error::Pjrt { .. }) => {
+            client.buffer_from_bytes(data, element, &dims).map_err(|e| e.to_string())?
+        }
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(InputBuffer { buffer, _data: std::marker::PhantomData })
+}
+
+/// Every input as an execution input (see [`upload_input`]); the error names the input.
+pub fn upload_all<'a>(
+    client: &Client,
+    inputs: &[HostTensor<'a>],
+) -> Result<Vec<InputBuffer<'a>>, String> {
     inputs
         .iter()
         .enumerate()
-        .map(|(i, t)| upload(client, t.ty, t.data).map_err(|e| format!("input {i}: {e}")))
+        .map(|(i, t)| upload_input(client, t.ty, t.data).map_err(|e| format!("input {i}: {e}")))
         .collect()
 }
 
@@ -317,7 +365,7 @@ impl Dispatcher {
         inputs: &[HostTensor<'_>],
     ) -> Result<Vec<Buffer>, FallbackReason> {
         let buffers = upload_all(&self.client, inputs).map_err(FallbackReason::BadInput)?;
-        let refs: Vec<&Buffer> = buffers.iter().collect();
+        let refs: Vec<&Buffer> = buffers.iter().map(|b| &**b).collect();
         prepared.executable.execute(&refs).map_err(|e| FallbackReason::Execute(e.to_string()))
     }
 
@@ -440,7 +488,7 @@ impl Dispatcher {
             }
         }
         let buffers = upload_all(&self.client, inputs).map_err(GraphRunError::BadInput)?;
-        let refs: Vec<&Buffer> = buffers.iter().collect();
+        let refs: Vec<&Buffer> = buffers.iter().map(|b| &**b).collect();
         let out =
             cached.executable.execute(&refs).map_err(|e| GraphRunError::Execute(e.to_string()));
         self.kernel_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);

@@ -170,6 +170,47 @@ func.func @main(%a: tensor<1024xf32>) -> tensor<f32> {
     drop(buf); // frees the host memory only after PJRT is done with it
 }
 
+#[test]
+fn execution_inputs_alias_aligned_host_bytes_and_copy_unaligned_ones() {
+    use tpu_kernels::{DType, Shape, TensorType};
+    use tpu_kernels_registry::dispatch::upload_input;
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let mut host = AlignedHostBuffer::<f32>::zeroed(1024 + 1);
+    for (i, v) in host.iter_mut().enumerate() {
+        *v = i as f32;
+    }
+    let bytes: &[u8] = bytemuck_bytes(&host);
+    let ty = TensorType::new(DType::F32, Shape::of(&[1024]));
+    let exe = compile(&client, SUM_1024);
+    // Aligned: the buffer is the host memory itself (zero-copy).
+    let aligned = &bytes[..4096];
+    let view = upload_input(&client, &ty, aligned).unwrap();
+    assert_eq!(view.read_in_place(|b| b.as_ptr() as usize).unwrap(), aligned.as_ptr() as usize);
+    let out = exe.execute(&[&view]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![(1023 * 1024 / 2) as f32]);
+    // Unaligned by one element: a copy, with the same result.
+    let unaligned = &bytes[4..4100];
+    let copy = upload_input(&client, &ty, unaligned).unwrap();
+    assert_ne!(copy.read_in_place(|b| b.as_ptr() as usize).unwrap(), unaligned.as_ptr() as usize);
+    let out = exe.execute(&[&copy]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![(1024 * 1025 / 2) as f32]);
+    // A length that does not match the type is refused, naming both.
+    let err = upload_input(&client, &ty, &bytes[..4092]).unwrap_err();
+    assert!(err.contains("4092 bytes"), "{err}");
+}
+
+fn bytemuck_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 slice is readable as bytes, with the same lifetime.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+const SUM_1024: &str = r#"
+func.func @main(%a: tensor<1024xf32>) -> tensor<f32> {
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %0 = stablehlo.reduce(%a init: %z) applies stablehlo.add across dimensions = [0] : (tensor<1024xf32>, tensor<f32>) -> tensor<f32>
+  return %0 : tensor<f32>
+}"#;
+
 const DONATING: &str = r#"
 func.func @main(%a: tensor<1024xf32> {tf.aliasing_output = 0 : i32}) -> tensor<1024xf32> {
   %one = stablehlo.constant dense<1.0> : tensor<1024xf32>

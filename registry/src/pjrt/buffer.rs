@@ -253,6 +253,14 @@ impl<T: NativeType> fmt::Debug for AlignedHostBuffer<T> {
     }
 }
 
+/// The on-delete callback of a host-memory view: its memory belongs to the caller.
+unsafe extern "C" fn view_released(_data: *mut std::ffi::c_void, _arg: *mut std::ffi::c_void) {}
+
+/// The alignment [`Client::view_of_host_bytes`] asks of host data: the CPU plugin refuses views
+/// of data less aligned (`is not aligned to 64 bytes`). PyTorch's and NumPy's allocators give
+/// 64 bytes; a view into the middle of a tensor may be less aligned (and is copied).
+pub const VIEW_ALIGNMENT: usize = 64;
+
 /// Host memory a zero-copy buffer aliases, and the event saying PJRT is done with it.
 struct HostBacking {
     done: Event,
@@ -397,6 +405,60 @@ impl Client {
             )
         }?;
         Ok(buffer)
+    }
+
+    /// A buffer that reads `bytes` where they are, without a copy, when the plugin can alias
+    /// them: a client whose devices address host memory (the CPU plugin), and data aligned to
+    /// [`VIEW_ALIGNMENT`] bytes. `Ok(None)` when it cannot (another platform, unaligned or empty
+    /// data): upload a copy instead.
+    ///
+    /// # Safety
+    /// `bytes` must stay valid, and unmodified, until the returned buffer is dropped, and the
+    /// buffer must not be donated to an execution (which would write into them).
+    pub unsafe fn view_of_host_bytes(
+        &self,
+        bytes: &[u8],
+        ty: ElementType,
+        dims: &[i64],
+    ) -> Result<Option<Buffer>> {
+        let size = ty.size_in_bytes().ok_or_else(|| Error::HostData {
+            message: format!("cannot view elements of type {ty}"),
+        })?;
+        if element_count(dims).and_then(|n| n.checked_mul(size)) != Some(bytes.len()) {
+            return Err(Error::HostData {
+                message: format!("shape {dims:?} of {ty} does not match {} bytes", bytes.len()),
+            });
+        }
+        let plugin = &self.inner.plugin;
+        if self.platform() != "cpu"
+            || bytes.is_empty()
+            || !(bytes.as_ptr() as usize).is_multiple_of(VIEW_ALIGNMENT)
+            || plugin.api.PJRT_Client_CreateViewOfDeviceBuffer.is_none()
+        {
+            return Ok(None);
+        }
+        let device = self.first_device()?;
+        let mut args = sys::PJRT_Client_CreateViewOfDeviceBuffer_Args::new();
+        args.client = self.inner.raw;
+        args.device_buffer_ptr = bytes.as_ptr().cast_mut().cast();
+        args.dims = dims.as_ptr();
+        args.num_dims = dims.len();
+        args.element_type = ty.to_pjrt();
+        args.device = device.raw;
+        // The plugin calls the callback unconditionally when the view goes (a null one aborts
+        // the process); the caller owns the memory, so there is nothing to do then.
+        args.on_delete_callback = Some(view_released);
+        // SAFETY: the client and device are live, `dims` is valid for the call, and the caller
+        // keeps `bytes` valid and unwritten for the life of the returned buffer.
+        unsafe { pjrt_call!(plugin, PJRT_Client_CreateViewOfDeviceBuffer, &mut args) }?;
+        Ok(Some(Buffer {
+            client: self.inner.clone(),
+            raw: args.buffer,
+            ty,
+            dims: dims.into(),
+            ready: true,
+            host: None,
+        }))
     }
 
     fn first_device(&self) -> Result<&Device> {

@@ -44,7 +44,7 @@ mod sys;
 pub mod testing;
 mod topology;
 
-pub use buffer::{AlignedHostBuffer, Buffer, ElementType, NativeType};
+pub use buffer::{AlignedHostBuffer, Buffer, ElementType, NativeType, VIEW_ALIGNMENT};
 pub use client::{Client, ClientOptions, Device, OptionValue};
 pub use compile::{CompileOptions, DeviceAssignment, Program};
 pub use error::{Error, ErrorCode, Result, Runtime};

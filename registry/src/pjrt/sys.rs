@@ -240,6 +240,21 @@ args!(PJRT_Client_BufferFromHostBuffer_Args {
     buffer: *mut PJRT_Buffer,
 });
 
+args!(PJRT_Client_CreateViewOfDeviceBuffer_Args {
+    client: *mut PJRT_Client,
+    device_buffer_ptr: *mut c_void,
+    dims: *const i64,
+    num_dims: usize,
+    element_type: c_int,
+    layout: *mut c_void,
+    device: *mut PJRT_Device,
+    on_delete_callback: Option<unsafe extern "C" fn(*mut c_void, *mut c_void)>,
+    on_delete_callback_arg: *mut c_void,
+    stream: isize,
+    buffer: *mut PJRT_Buffer,
+    memory: *mut PJRT_Memory,
+});
+
 // ---------------------------------------------------------------- devices
 
 args!(PJRT_DeviceDescription_Id_Args { device_description: *mut PJRT_DeviceDescription, id: c_int });
@@ -488,6 +503,12 @@ pub(crate) struct PJRT_Api {
     pub PJRT_TopologyDescription_Attributes: Unused,
 
     pub PJRT_Compile: F<PJRT_Compile_Args>,
+
+    // Appended after the 0.81-era layout's `PJRT_Compile`, in header order.
+    pub PJRT_Executable_OutputElementTypes: Unused,
+    pub PJRT_Executable_OutputDimensions: Unused,
+    pub PJRT_Buffer_CopyToMemory: Unused,
+    pub PJRT_Client_CreateViewOfDeviceBuffer: F<PJRT_Client_CreateViewOfDeviceBuffer_Args>,
 }
 
 // ---------------------------------------------------------------- the PJRT FFI extension
@@ -668,6 +689,8 @@ mod tests {
         assert_eq!(PJRT_FFI_Register_Handler_Args::STRUCT_SIZE, 52);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Error_Destroy), 40);
         assert_eq!(offset_of!(PJRT_Api, PJRT_Compile), 752);
+        assert_eq!(offset_of!(PJRT_Api, PJRT_Client_CreateViewOfDeviceBuffer), 784);
+        assert_eq!(PJRT_Client_CreateViewOfDeviceBuffer_Args::STRUCT_SIZE, 112);
         assert_eq!(offset_of!(XLA_FFI_CallFrame, args), 40);
         assert_eq!(size_of::<XLA_FFI_CallFrame>(), 176);
     }
