@@ -6,6 +6,8 @@
 //!   [`Module`] into StableHLO text, byte-for-byte deterministic.
 //! - [`reader`]: reads the StableHLO text the project must understand (signatures, symbols,
 //!   locations), for imported kernels.
+//! - [`refine`]: specialises a module exported with symbolic shapes (`jax.export`) to static
+//!   input types, as jaxlib's shape refinement does, so XLA compiles it.
 //! - [`registration`]: the record every kernel registers through, collected with `inventory`.
 //! - [`kernels`]: the standard kernels.
 
@@ -16,6 +18,7 @@ pub mod kernels;
 pub mod literal;
 pub mod printer;
 pub mod reader;
+pub mod refine;
 pub mod registration;
 pub mod types;
 mod verify;

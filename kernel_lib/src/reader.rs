@@ -88,7 +88,7 @@ impl fmt::Display for ReadError {
 impl std::error::Error for ReadError {}
 
 /// 1-based line and column (in characters) of a byte offset.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let bytes = text.as_bytes();
     let before = &bytes[..offset.min(bytes.len())];
     let line_start = before.iter().rposition(|&b| b == b'\n').map_or(0, |p| p + 1);
@@ -138,7 +138,7 @@ fn found(text: &str, offset: usize) -> String {
 /// What a token is. The tokenizer is deliberately coarse: numbers, keywords, op names and
 /// dimension lists (`8x128xf32`) are all `Word`s.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+pub(crate) enum Kind {
     /// A run of `[A-Za-z0-9_$.]`.
     Word,
     /// A string literal, quotes included.
@@ -160,14 +160,14 @@ enum Kind {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Tok {
-    kind: Kind,
-    start: usize,
-    end: usize,
+pub(crate) struct Tok {
+    pub(crate) kind: Kind,
+    pub(crate) start: usize,
+    pub(crate) end: usize,
     /// Number of enclosing `(`, `[`, `{`.
-    depth: u32,
+    pub(crate) depth: u32,
     /// For brackets, the index of the matching bracket; `usize::MAX` otherwise.
-    pair: usize,
+    pub(crate) pair: usize,
 }
 
 const NO_PAIR: usize = usize::MAX;
@@ -221,7 +221,7 @@ fn closer_of(open: u8) -> u8 {
 
 /// Splits the whole text into tokens, checking that strings are terminated, brackets balanced,
 /// and no character outside a string is unknown to MLIR. Comments (`// ...`) are skipped.
-fn tokenize(text: &str) -> Result<Vec<Tok>, ReadError> {
+pub(crate) fn tokenize(text: &str) -> Result<Vec<Tok>, ReadError> {
     let b = text.as_bytes();
     let mut toks: Vec<Tok> = Vec::with_capacity(b.len() / 5);
     let mut open: Vec<usize> = Vec::new();
@@ -423,7 +423,7 @@ fn check_aliases(text: &str, toks: &[Tok]) -> Result<(), ReadError> {
 }
 
 /// The name of a symbol token, without `@` and with a quoted name unescaped.
-fn symbol_name(text: &str, t: &Tok) -> Result<String, ReadError> {
+pub(crate) fn symbol_name(text: &str, t: &Tok) -> Result<String, ReadError> {
     let raw = &text[t.start + 1..t.end];
     if !raw.starts_with('"') {
         return Ok(raw.to_string());
@@ -468,7 +468,7 @@ fn is_bare_identifier(name: &str) -> bool {
 }
 
 /// `@name`, or `@"name"` when the name needs quoting.
-fn format_symbol(name: &str) -> String {
+pub(crate) fn format_symbol(name: &str) -> String {
     if is_bare_identifier(name) {
         return format!("@{name}");
     }
@@ -505,6 +505,7 @@ fn rewrite(
     bytes: Range<usize>,
     strip: bool,
     renames: &BTreeMap<String, String>,
+    segments: &mut Vec<(usize, usize)>,
 ) -> Result<String, ReadError> {
     let b = text.as_bytes();
     let mut out = String::with_capacity(bytes.len());
@@ -533,11 +534,13 @@ fn rewrite(
             } else {
                 start = t.start;
             }
+            segments.push((out.len(), cursor));
             out.push_str(&text[cursor..start]);
             cursor = end;
             i = close + 1;
         } else if strip && is_loc_start(text, toks, i) {
             let close = toks[i + 1].pair;
+            segments.push((out.len(), cursor));
             out.push_str(&text[cursor..back_over_blanks(t.start, cursor)]);
             cursor = toks[close].end;
             i = close + 1;
@@ -547,6 +550,7 @@ fn rewrite(
                 && !is_custom_call_target(text, toks, i)
                 && let Some(new) = renames.get(&symbol_name(text, &t)?)
             {
+                segments.push((out.len(), cursor));
                 out.push_str(&text[cursor..t.start]);
                 out.push_str(&format_symbol(new));
                 cursor = t.end;
@@ -554,6 +558,7 @@ fn rewrite(
             i += 1;
         }
     }
+    segments.push((out.len(), cursor));
     out.push_str(&text[cursor..bytes.end]);
     Ok(out)
 }
@@ -569,7 +574,21 @@ fn rewrite(
 pub fn strip_locations(text: &str) -> Result<String, ReadError> {
     let toks = tokenize(text)?;
     check_aliases(text, &toks)?;
-    rewrite(text, &toks, 0..toks.len(), 0..text.len(), true, &BTreeMap::new())
+    rewrite(text, &toks, 0..toks.len(), 0..text.len(), true, &BTreeMap::new(), &mut Vec::new())
+}
+
+/// [`strip_locations`], and where each run of the result comes from: `(offset in the result,
+/// offset in text)` pairs in increasing order, so a position in the stripped text maps back to
+/// the text it was stripped from.
+pub(crate) fn strip_locations_mapped(
+    text: &str,
+) -> Result<(String, Vec<(usize, usize)>), ReadError> {
+    let toks = tokenize(text)?;
+    check_aliases(text, &toks)?;
+    let mut segments = Vec::new();
+    let stripped =
+        rewrite(text, &toks, 0..toks.len(), 0..text.len(), true, &BTreeMap::new(), &mut segments)?;
+    Ok((stripped, segments))
 }
 
 /// One occurrence of a symbol token (`@name` or `@"name"`) outside string literals.
@@ -624,7 +643,7 @@ pub fn rename_symbols(text: &str, map: &[(&str, &str)]) -> Result<String, ReadEr
     let renames = rename_map(map)?;
     let toks = tokenize(text)?;
     check_aliases(text, &toks)?;
-    rewrite(text, &toks, 0..toks.len(), 0..text.len(), false, &renames)
+    rewrite(text, &toks, 0..toks.len(), 0..text.len(), false, &renames, &mut Vec::new())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -706,7 +725,7 @@ pub struct Function<'t> {
     /// The body text between the braces, verbatim (locations included).
     pub body: &'t str,
     /// Token indices of the body.
-    body_toks: Range<usize>,
+    pub(crate) body_toks: Range<usize>,
 }
 
 /// An `sdy.mesh @name = <...>` declaration (Shardy sharding meshes in sharded exports).
@@ -733,7 +752,7 @@ pub struct Module<'t> {
     /// Byte span from `module` to its closing brace or trailing `loc(...)`.
     pub span: Range<usize>,
     text: &'t str,
-    toks: Vec<Tok>,
+    pub(crate) toks: Vec<Tok>,
 }
 
 impl fmt::Debug for Module<'_> {
@@ -866,6 +885,7 @@ impl<'t> Module<'t> {
                 f.body_span.clone(),
                 true,
                 &renames,
+                &mut Vec::new(),
             )?;
             let mut text = format!("func.func private {}(", format_symbol(&name));
             for (k, a) in args.iter().enumerate() {
@@ -914,7 +934,7 @@ impl<'t> Module<'t> {
     }
 }
 
-fn push_type_and_attrs(out: &mut String, a: &Arg) {
+pub(crate) fn push_type_and_attrs(out: &mut String, a: &Arg) {
     out.push_str(&a.ty.to_string());
     if !a.attributes.is_empty() {
         out.push(' ');
@@ -922,7 +942,7 @@ fn push_type_and_attrs(out: &mut String, a: &Arg) {
     }
 }
 
-fn push_dict(out: &mut String, attrs: &[(String, String)]) {
+pub(crate) fn push_dict(out: &mut String, attrs: &[(String, String)]) {
     out.push('{');
     for (k, (name, value)) in attrs.iter().enumerate() {
         if k > 0 {
@@ -1306,7 +1326,7 @@ fn skip_blanks(b: &[u8], mut k: usize) -> usize {
 }
 
 /// Parses `8x?x128xf32>` starting at byte `k`; returns the type and the offset of the `>`.
-fn parse_tensor_body(
+pub(crate) fn parse_tensor_body(
     text: &str,
     mut k: usize,
     next_sym: &mut usize,
