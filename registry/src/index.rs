@@ -48,6 +48,16 @@ pub fn validate_op(op: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the entry function of module `text` takes an input with a symbolic dimension (a
+/// module that does not read is left to the compiler to report).
+fn has_symbolic_inputs(text: &str) -> bool {
+    tpu_kernels::reader::parse_module(text).ok().is_some_and(|m| {
+        m.main().is_ok_and(|f| {
+            f.args.iter().any(|a| a.ty.shape.dims().iter().any(|d| d.as_static().is_none()))
+        })
+    })
+}
+
 /// Specialises a generic imported kernel (symbolic dimensions, several example signatures, or
 /// static arguments) to one concrete call: the module text for `platform` with every shape
 /// static. The Python package provides one per `register_jax` kernel (jax re-export, or jaxlib's
@@ -189,14 +199,28 @@ impl Kernel {
                 })?;
                 Ok(ModuleText { text: Arc::from(text), module: None })
             }
-            KernelSource::Imported { variants, .. } => variants
-                .iter()
-                .find(|(p, _)| *p == platform)
-                .map(|(_, text)| ModuleText { text: text.clone(), module: None })
-                .ok_or_else(|| RegistryError::NoVariant {
-                    kernel: self.name().to_owned(),
-                    platform: platform.name(),
-                }),
+            KernelSource::Imported { variants, .. } => {
+                let text = variants
+                    .iter()
+                    .find(|(p, _)| *p == platform)
+                    .map(|(_, text)| text.clone())
+                    .ok_or_else(|| RegistryError::NoVariant {
+                        kernel: self.name().to_owned(),
+                        platform: platform.name(),
+                    })?;
+                if !has_symbolic_inputs(&text) {
+                    return Ok(ModuleText { text, module: None });
+                }
+                // A module exported with symbolic shapes and linked in (no Python specialiser):
+                // refined here, in Rust, to the call's static input types.
+                let refined = tpu_kernels::refine::refine(&text, &sig.inputs).map_err(|e| {
+                    RegistryError::Specialise {
+                        kernel: self.name().to_owned(),
+                        message: e.to_string(),
+                    }
+                })?;
+                Ok(ModuleText { text: Arc::from(refined), module: None })
+            }
         }
     }
 
@@ -557,6 +581,12 @@ impl Registry {
     /// The current index (cheap: an `Arc` clone; later registrations do not change it).
     pub fn index(&self) -> Arc<Index> {
         self.index.load_full()
+    }
+
+    /// Identifies the current index without taking a reference to it: it changes on every
+    /// runtime registration or removal. Cheap enough for a per-call check.
+    pub fn generation(&self) -> usize {
+        Arc::as_ptr(&*self.index.load()) as usize
     }
 
     /// Selects a kernel for `op` (any spelling: `aten::gelu` or `aten::gelu.default`).

@@ -26,3 +26,14 @@ pub fn silu_mul(x: Tensor, y: Tensor) -> Tensor;
     import(tpu = "mlir/pallas_matmul.tpu.mlir", cpu = "mlir/pallas_matmul.cpu.mlir"),
 )]
 pub fn matmul(x: Tensor, y: Tensor) -> Tensor;
+
+/// RMS norm over rows of 512, for any number of rows: a plain jax function exported once with a
+/// symbolic row count `b` (`save_mlir.py`). The registry refines the module to each call's row
+/// count in Rust, so a process without Python runs it too.
+#[tpu_kernel(
+    op = "tpuk_examples::rms_norm_rows",
+    shapes(x = f32[B, 512], w = f32[512]),
+    output = same_as(x),
+    import(tpu = "mlir/rms_norm_rows.tpu.mlir", cpu = "mlir/rms_norm_rows.cpu.mlir"),
+)]
+pub fn rms_norm_rows(x: Tensor, w: Tensor) -> Tensor;
