@@ -16,6 +16,7 @@ mod errors;
 mod intern;
 mod registry_api;
 mod runtime;
+mod strict_mode;
 mod tensor;
 mod torch_bridge;
 

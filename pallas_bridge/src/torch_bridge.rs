@@ -27,7 +27,7 @@ use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
 use tpu_kernels::registration::{BindingKind, KernelSignature, Platform, StaticKind, StaticValue};
 use tpu_kernels::{DType, Shape, TensorType};
 use tpu_kernels_registry::cache::CompileCache;
-use tpu_kernels_registry::dispatch::{dtype_of, upload};
+use tpu_kernels_registry::dispatch::{dtype_of, upload_input};
 use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall};
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program};
 use tpu_kernels_registry::{
@@ -49,8 +49,8 @@ struct GraphStats {
 /// The process-wide runtime of the bridge: one PJRT CPU client, its dispatcher and the
 /// compiled graph programs.
 #[derive(Debug)]
-struct Runtime {
-    dispatcher: Dispatcher,
+pub(crate) struct Runtime {
+    pub(crate) dispatcher: Dispatcher,
     cache: Arc<CompileCache>,
     platform: Platform,
     programs: Mutex<HashMap<String, Arc<ProgramInner>>>,
@@ -76,7 +76,7 @@ fn make_runtime(py: Python<'_>) -> Result<Runtime, String> {
     })
 }
 
-fn runtime(py: Python<'_>) -> PyResult<&'static Runtime> {
+pub(crate) fn runtime(py: Python<'_>) -> PyResult<&'static Runtime> {
     RUNTIME
         .get_or_init(|| make_runtime(py))
         .as_ref()
@@ -86,16 +86,16 @@ fn runtime(py: Python<'_>) -> PyResult<&'static Runtime> {
 // ----- DLPack in -----
 
 /// A torch tensor imported through DLPack: the managed tensor keeps its memory alive.
-struct Imported {
+pub(crate) struct Imported {
     _owner: ImportedDlpack,
-    ty: TensorType,
+    pub(crate) ty: TensorType,
     ptr: *const u8,
     len: usize,
-    contiguous: bool,
+    pub(crate) contiguous: bool,
 }
 
 impl Imported {
-    fn bytes(&self) -> &[u8] {
+    pub(crate) fn bytes(&self) -> &[u8] {
         if self.len == 0 || self.ptr.is_null() {
             return &[];
         }
@@ -108,13 +108,13 @@ impl Imported {
 }
 
 /// The DLPack C exchange table of `obj`'s type (torch tensors have one), if any.
-fn exchange_api(obj: &Bound<'_, PyAny>) -> Option<ExchangeApi> {
+pub(crate) fn exchange_api(obj: &Bound<'_, PyAny>) -> Option<ExchangeApi> {
     ExchangeApi::from_object(obj.as_borrowed()).ok().flatten()
 }
 
 /// Imports input `i`; `Err` is a bad-input reason (the call falls back). Through the producer's
 /// C exchange table when it has one (no capsule, no Python call), else `__dlpack__`.
-fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported, String> {
+pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported, String> {
     let owner = match exchange_api(obj) {
         Some(api) => {
             let (managed, _stream) = api
@@ -161,7 +161,7 @@ fn import_all(tensors: &Bound<'_, PyList>) -> Result<Vec<Imported>, String> {
 
 /// `buffer` as a Python object that owns it and points at its memory: a torch tensor made by
 /// the exchange table `api` when given (no capsule, no Python call), else a DLPack capsule.
-fn export_buffer<'py>(
+pub(crate) fn export_buffer<'py>(
     py: Python<'py>,
     buffer: Buffer,
     api: Option<&ExchangeApi>,
@@ -201,7 +201,7 @@ fn export_buffer<'py>(
 }
 
 /// Exports every buffer, as torch tensors when `like` (an input) has an exchange table.
-fn export_all<'py>(
+pub(crate) fn export_all<'py>(
     py: Python<'py>,
     buffers: Vec<Buffer>,
     like: Option<Bound<'py, PyAny>>,
@@ -425,11 +425,11 @@ impl GraphProgram {
                     if t.contiguous { "" } else { " (not contiguous)" }
                 )));
             }
-            let buffer = upload(rt.dispatcher.client(), &t.ty, t.bytes())
+            let buffer = upload_input(rt.dispatcher.client(), &t.ty, t.bytes())
                 .map_err(|e| PyTypeError::new_err(format!("graph `{}`: input {i}: {e}", p.name)))?;
             buffers.push(buffer);
         }
-        let refs: Vec<&Buffer> = buffers.iter().collect();
+        let refs: Vec<&Buffer> = buffers.iter().map(|b| &**b).collect();
         let outputs = p.executable.execute(&refs).map_err(|e| {
             PyRuntimeError::new_err(format!("graph `{}`: execute failed: {e}", p.name))
         })?;
@@ -724,6 +724,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sub.add_function(wrap_pyfunction!(next_fallback_seq, &sub)?)?;
     sub.add_function(wrap_pyfunction!(registry_generation, &sub)?)?;
     sub.add_class::<GraphProgram>()?;
+    sub.add_class::<crate::strict_mode::StrictDispatch>()?;
     m.add_submodule(&sub)?;
     Ok(())
 }

@@ -52,6 +52,19 @@ def _outputs_as_list(out):
     return list(out)
 
 
+def _native_plan(plan):
+    """How the native strict handler treats an op: None (no kernel binds it), "python" (every
+    call goes to the Python handler: refused kernels, an output mask), or the plan's bindings."""
+    if plan is None:
+        return None
+    if plan.refused or plan.output_mask is not None:
+        return "python"
+    return (
+        plan.key,
+        [(v.tensor_slots, v.static_slots, v.absent) for v in plan.variants],
+    )
+
+
 class SubstituteMode(TorchDispatchMode):
     """Strict or debug eager substitution."""
 
@@ -64,6 +77,21 @@ class SubstituteMode(TorchDispatchMode):
         self._call = native().call
         TABLE.refresh()
         self._plans = TABLE.plans
+        if not self.debug:
+            # The hot path in Rust: it takes the calls this handler would send straight to a
+            # kernel, and hands every other call to `_learn_and_dispatch`.
+            self.__torch_dispatch__ = native().StrictDispatch(self, self._learn_and_dispatch, torch.Tensor)
+
+    def _learn_and_dispatch(self, func, types, args=(), kwargs=None):
+        """The native handler's way into this class's: it learns how `func`'s calls go, then
+        this call takes the Python path."""
+        TABLE.refresh()
+        self._plans = TABLE.plans
+        plan = self._plans.get(func, False)
+        if plan is False:
+            plan = TABLE.plan(func)
+        self.__dict__["__torch_dispatch__"].learn(func, _native_plan(plan))
+        return SubstituteMode.__torch_dispatch__(self, func, types, args, kwargs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # The hot path of every op: keep it to a dict lookup for ops without kernels.
