@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -101,6 +101,58 @@ pub fn upload_input<'a>(
         Err(e) => return Err(e.to_string()),
     };
     Ok(InputBuffer { buffer, _data: std::marker::PhantomData })
+}
+
+/// The PJRT views of the host memory recent eager calls read, by address and type.
+///
+/// A view is only a description of memory (address, element type, shape) that the runtime
+/// reads when an execution that takes it runs; making one costs about as much as a small copy.
+/// An input at the same address with the same type and shape as a recent one (the same tensor
+/// again, or a new one where the allocator reused the memory) takes the same view. A cached view
+/// is executed only by a call whose own input is exactly that memory, borrowed for the call; in
+/// between it is never read, and destroying it does not touch the memory (its on-delete
+/// callback does nothing).
+#[derive(Debug, Default)]
+struct ViewCache {
+    /// Most recently used first.
+    entries: Mutex<Vec<(ViewKey, Arc<Buffer>)>>,
+}
+
+#[derive(Debug, PartialEq)]
+struct ViewKey {
+    address: usize,
+    len: usize,
+    ty: TensorType,
+}
+
+/// Views kept: enough for the inputs of a few layers' worth of ops.
+const VIEW_CACHE_SIZE: usize = 64;
+
+impl ViewCache {
+    /// The view of `t`'s bytes, cached or new; `None` when the client cannot make one.
+    fn get_or_create(&self, client: &Client, t: &HostTensor<'_>) -> Option<Arc<Buffer>> {
+        if t.data.is_empty() || !(t.data.as_ptr() as usize).is_multiple_of(pjrt::VIEW_ALIGNMENT) {
+            return None;
+        }
+        let key =
+            ViewKey { address: t.data.as_ptr() as usize, len: t.data.len(), ty: t.ty.clone() };
+        let mut entries = self.entries.lock().ok()?;
+        if let Some(i) = entries.iter().position(|(k, _)| *k == key) {
+            let entry = entries.remove(i);
+            let view = entry.1.clone();
+            entries.insert(0, entry);
+            return Some(view);
+        }
+        drop(entries);
+        let (element, dims) = pjrt_shape(t.ty).ok()?;
+        // SAFETY: see the type's comment: the view is executed only by calls whose input is
+        // exactly these bytes, borrowed for the call, and is never donated or read otherwise.
+        let view = Arc::new(unsafe { client.view_of_host_bytes(t.data, element, &dims) }.ok()??);
+        let mut entries = self.entries.lock().ok()?;
+        entries.insert(0, (key, view.clone()));
+        entries.truncate(VIEW_CACHE_SIZE);
+        Some(view)
+    }
 }
 
 /// Every input as an execution input (see [`upload_input`]); the error names the input.
@@ -203,17 +255,104 @@ impl DispatchError {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// What a call is memoised by: the normalised op, the input types and contiguity, the statics.
+#[derive(Clone, Debug)]
 struct CallKey {
     op: String,
     inputs: Vec<TensorType>,
-    statics: Vec<(String, String)>,
+    statics: Vec<(&'static str, StaticValue)>,
     contiguous: Vec<bool>,
 }
+
+/// `op` without its `.default` suffix when it has no overload: the normalised name is this
+/// followed by `.default` when the flag is set (see [`normalize_op`]), built without allocating.
+fn op_parts(op: &str) -> (&str, bool) {
+    let name = op.rsplit("::").next().unwrap_or(op);
+    (op, !name.contains('.'))
+}
+
+/// Statics are equal when their values are, floats compared bit for bit (so a NaN static
+/// finds its memo entry again).
+fn same_static(a: &StaticValue, b: &StaticValue) -> bool {
+    match (a, b) {
+        (StaticValue::Float(x), StaticValue::Float(y)) => x.to_bits() == y.to_bits(),
+        _ => a == b,
+    }
+}
+
+impl CallKey {
+    fn new(op: &str, inputs: &[HostTensor<'_>], statics: &[(&'static str, StaticValue)]) -> Self {
+        CallKey {
+            op: normalize_op(op),
+            inputs: inputs.iter().map(|t| t.ty.clone()).collect(),
+            statics: statics.to_vec(),
+            contiguous: inputs.iter().map(|t| t.contiguous).collect(),
+        }
+    }
+
+    /// The memo's hash of a call, computed from the borrowed call without allocating.
+    fn hash_of(
+        op: &str,
+        inputs: &[HostTensor<'_>],
+        statics: &[(&'static str, StaticValue)],
+    ) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        let (name, default) = op_parts(op);
+        name.hash(&mut h);
+        default.hash(&mut h);
+        for t in inputs {
+            t.ty.hash(&mut h);
+            t.contiguous.hash(&mut h);
+        }
+        for (k, v) in statics {
+            k.hash(&mut h);
+            match v {
+                StaticValue::Int(i) => (0u8, *i).hash(&mut h),
+                StaticValue::Float(f) => (1u8, f.to_bits()).hash(&mut h),
+                StaticValue::Bool(b) => (2u8, *b).hash(&mut h),
+                StaticValue::Str(s) => (3u8, s.as_str()).hash(&mut h),
+            }
+        }
+        h.finish()
+    }
+
+    /// Whether this key is the borrowed call's.
+    fn matches(
+        &self,
+        op: &str,
+        inputs: &[HostTensor<'_>],
+        statics: &[(&'static str, StaticValue)],
+    ) -> bool {
+        let (name, default) = op_parts(op);
+        let same_op = if default {
+            self.op.len() == name.len() + ".default".len()
+                && self.op.starts_with(name)
+                && self.op.ends_with(".default")
+        } else {
+            self.op == name
+        };
+        same_op
+            && self.inputs.len() == inputs.len()
+            && self.inputs.iter().zip(inputs).all(|(a, b)| a == b.ty)
+            && self.contiguous.iter().zip(inputs).all(|(a, b)| *a == b.contiguous)
+            && self.statics.len() == statics.len()
+            && self
+                .statics
+                .iter()
+                .zip(statics)
+                .all(|((ka, va), (kb, vb))| ka == kb && same_static(va, vb))
+    }
+}
+
+/// The memoised calls whose keys share one hash.
+type MemoBucket = Vec<(CallKey, Arc<Prepared>)>;
 
 /// A memoised call: the kernel, its executable and the output types.
 #[derive(Debug)]
 struct Prepared {
+    /// The normalised op.
+    op: String,
     kernel: Arc<Kernel>,
     executable: Arc<LoadedExecutable>,
 }
@@ -269,9 +408,11 @@ pub struct Dispatcher {
     platform: Platform,
     cache: Arc<CompileCache>,
     options: CompileOptions,
-    memo: RwLock<HashMap<CallKey, Arc<Prepared>>>,
+    /// Prepared calls by [`CallKey::hash_of`]; each bucket is searched with [`CallKey::matches`].
+    memo: RwLock<HashMap<u64, MemoBucket>>,
     /// Index generation the memo was filled under; a registry change clears it.
-    memo_index: Mutex<usize>,
+    memo_index: AtomicUsize,
+    views: ViewCache,
     stats: Mutex<BTreeMap<String, OpStats>>,
     kernel_nanos: AtomicU64,
     prepare_nanos: AtomicU64,
@@ -293,7 +434,8 @@ impl Dispatcher {
             cache,
             options: CompileOptions::new(),
             memo: RwLock::new(HashMap::new()),
-            memo_index: Mutex::new(0),
+            memo_index: AtomicUsize::new(0),
+            views: ViewCache::default(),
             stats: Mutex::new(BTreeMap::new()),
             kernel_nanos: AtomicU64::new(0),
             prepare_nanos: AtomicU64::new(0),
@@ -331,30 +473,30 @@ impl Dispatcher {
         inputs: &[HostTensor<'_>],
         statics: &[(&'static str, StaticValue)],
     ) -> Result<Vec<Buffer>, DispatchError> {
-        let key = CallKey {
-            op: normalize_op(op),
-            inputs: inputs.iter().map(|t| t.ty.clone()).collect(),
-            statics: statics.iter().map(|(k, v)| ((*k).to_owned(), v.to_string())).collect(),
-            contiguous: inputs.iter().map(|t| t.contiguous).collect(),
-        };
-        let prepared = match self.prepared(&key, statics) {
+        let prepared = match self.prepared(op, inputs, statics) {
             Ok(p) => p,
-            Err((kernel, reason)) => return Err(self.fall_back(&key.op, kernel, reason)),
+            Err((op, kernel, reason)) => return Err(self.fall_back(&op, kernel, reason)),
         };
         let start = Instant::now();
         let result = self.execute(&prepared, inputs);
         self.kernel_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         match result {
             Ok(out) => {
-                self.count(&key.op, |s| {
+                let kernel = prepared.kernel.name();
+                self.count(&prepared.op, |s| {
                     s.calls += 1;
                     s.substituted += 1;
-                    *s.kernels.entry(prepared.kernel.name().to_owned()).or_default() += 1;
+                    match s.kernels.get_mut(kernel) {
+                        Some(n) => *n += 1,
+                        None => {
+                            s.kernels.insert(kernel.to_owned(), 1);
+                        }
+                    }
                 });
                 Ok(out)
             }
             Err(reason) => {
-                Err(self.fall_back(&key.op, Some(prepared.kernel.name().to_owned()), reason))
+                Err(self.fall_back(&prepared.op, Some(prepared.kernel.name().to_owned()), reason))
             }
         }
     }
@@ -364,27 +506,57 @@ impl Dispatcher {
         prepared: &Prepared,
         inputs: &[HostTensor<'_>],
     ) -> Result<Vec<Buffer>, FallbackReason> {
-        let buffers = upload_all(&self.client, inputs).map_err(FallbackReason::BadInput)?;
-        let refs: Vec<&Buffer> = buffers.iter().map(|b| &**b).collect();
+        let mut views: Vec<Arc<Buffer>> = Vec::with_capacity(inputs.len());
+        let mut copies: Vec<Option<InputBuffer<'_>>> = Vec::with_capacity(inputs.len());
+        for (i, t) in inputs.iter().enumerate() {
+            match self.views.get_or_create(&self.client, t) {
+                Some(view) => {
+                    views.push(view);
+                    copies.push(None);
+                }
+                None => copies.push(Some(
+                    upload_input(&self.client, t.ty, t.data)
+                        .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?,
+                )),
+            }
+        }
+        let mut next_view = views.iter();
+        let refs: Vec<&Buffer> = copies
+            .iter()
+            .map(|c| match c {
+                Some(b) => Some(&**b),
+                None => next_view.next().map(|v| &**v),
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| FallbackReason::BadInput("input views out of step".to_owned()))?;
         prepared.executable.execute(&refs).map_err(|e| FallbackReason::Execute(e.to_string()))
     }
 
-    /// The memoised preparation for `key`, or a fresh one.
+    /// The memoised preparation of the call, or a fresh one; a failure names the normalised
+    /// op, the kernel (if one was selected) and why.
     fn prepared(
         &self,
-        key: &CallKey,
+        op: &str,
+        inputs: &[HostTensor<'_>],
         statics: &[(&'static str, StaticValue)],
-    ) -> Result<Arc<Prepared>, (Option<String>, FallbackReason)> {
+    ) -> Result<Arc<Prepared>, (String, Option<String>, FallbackReason)> {
         self.invalidate_if_registry_changed();
-        if let Some(p) = self.memo.read().ok().and_then(|m| m.get(key).cloned()) {
+        let hash = CallKey::hash_of(op, inputs, statics);
+        let hit = self.memo.read().ok().and_then(|m| {
+            let bucket = m.get(&hash)?;
+            bucket.iter().find(|(k, _)| k.matches(op, inputs, statics)).map(|(_, p)| p.clone())
+        });
+        if let Some(p) = hit {
             return Ok(p);
         }
+        let key = CallKey::new(op, inputs, statics);
         let start = Instant::now();
-        let prepared = self.prepare(key, statics);
+        let prepared = self.prepare(&key, statics);
         self.prepare_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let prepared = Arc::new(prepared?);
+        let prepared =
+            Arc::new(prepared.map_err(|(kernel, reason)| (key.op.clone(), kernel, reason))?);
         if let Ok(mut memo) = self.memo.write() {
-            memo.insert(key.clone(), prepared.clone());
+            memo.entry(hash).or_default().push((key, prepared.clone()));
         }
         Ok(prepared)
     }
@@ -416,18 +588,15 @@ impl Dispatcher {
             .cache
             .get_or_compile(&self.client, &program, &self.options)
             .map_err(|e| (name.clone(), FallbackReason::Compile(e.to_string())))?;
-        Ok(Prepared { kernel, executable: cached.executable })
+        Ok(Prepared { op: key.op.clone(), kernel, executable: cached.executable })
     }
 
     fn invalidate_if_registry_changed(&self) {
-        let generation = Arc::as_ptr(&self.registry.index()) as usize;
-        if let Ok(mut seen) = self.memo_index.lock()
-            && *seen != generation
+        let generation = self.registry.generation();
+        if self.memo_index.swap(generation, Ordering::AcqRel) != generation
+            && let Ok(mut memo) = self.memo.write()
         {
-            *seen = generation;
-            if let Ok(mut memo) = self.memo.write() {
-                memo.clear();
-            }
+            memo.clear();
         }
     }
 

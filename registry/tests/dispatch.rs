@@ -190,3 +190,25 @@ fn strict_mode_turns_fallbacks_into_errors() {
     let err = d.call("aten::nope", &[HostTensor { ty: &ty, data: &data, contiguous: true }], &[]);
     assert!(matches!(err, Err(DispatchError::Strict(_))));
 }
+
+#[test]
+fn a_reused_input_address_reads_the_memory_as_it_is_at_each_call() {
+    use tpu_kernels_registry::pjrt::AlignedHostBuffer;
+    let Some(d) = dispatcher() else { return };
+    let ty = f32_ty(&[16]);
+    let mut host = AlignedHostBuffer::<f32>::zeroed(16);
+    let silu = |v: f32| f64::from(v) / (1.0 + (-f64::from(v)).exp());
+    for round in 0..3 {
+        // The same page-aligned memory each round (so the same PJRT view of it), new values.
+        for (i, v) in host.iter_mut().enumerate() {
+            *v = (i as f32 - 8.0) * (round as f32 + 1.0) * 0.25;
+        }
+        let values: Vec<f32> = host.to_vec();
+        // SAFETY: any f32 slice is readable as bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(host.as_ptr().cast::<u8>(), 64) };
+        let input = [HostTensor { ty: &ty, data: bytes, contiguous: true }];
+        let out = d.call("aten::silu", &input, &[]).unwrap()[0].to_vec::<f32>().unwrap();
+        let want: Vec<f64> = values.iter().map(|v| silu(*v)).collect();
+        assert!(max_err(&out, &want) < 1e-5, "round {round}: {out:?}");
+    }
+}

@@ -196,7 +196,7 @@ fn execution_inputs_alias_aligned_host_bytes_and_copy_unaligned_ones() {
     assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![(1024 * 1025 / 2) as f32]);
     // A length that does not match the type is refused, naming both.
     let err = upload_input(&client, &ty, &bytes[..4092]).unwrap_err();
-    assert!(err.contains("4092 bytes"), "{err}");
+    assert!(err.contains("needs 4096 bytes, the host data has 4092"), "{err}");
 }
 
 fn bytemuck_bytes(v: &[f32]) -> &[u8] {

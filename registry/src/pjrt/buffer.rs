@@ -424,9 +424,15 @@ impl Client {
         let size = ty.size_in_bytes().ok_or_else(|| Error::HostData {
             message: format!("cannot view elements of type {ty}"),
         })?;
-        if element_count(dims).and_then(|n| n.checked_mul(size)) != Some(bytes.len()) {
+        let Some(needed) = element_count(dims).and_then(|n| n.checked_mul(size)) else {
+            return Err(Error::HostData { message: format!("invalid shape {dims:?}") });
+        };
+        if needed != bytes.len() {
             return Err(Error::HostData {
-                message: format!("shape {dims:?} of {ty} does not match {} bytes", bytes.len()),
+                message: format!(
+                    "shape {dims:?} of {ty} needs {needed} bytes, the host data has {}",
+                    bytes.len()
+                ),
             });
         }
         let plugin = &self.inner.plugin;
