@@ -18,7 +18,9 @@ use tpu_kernels::{BuildError, DType, TensorType};
 
 use crate::cache::CompileCache;
 use crate::index::{CallMeta, Kernel, NoKernel, Registry, normalize_op, platform_from_name};
-use crate::pjrt::{self, Buffer, Client, CompileOptions, ElementType, LoadedExecutable, Program};
+use crate::pjrt::{
+    self, Buffer, Client, CompileOptions, ElementType, HostInput, LoadedExecutable, Program,
+};
 
 /// The PJRT element type of a dtype (`None` for the fp8 types, which PJRT buffers here do not
 /// carry).
@@ -63,103 +65,22 @@ pub fn upload(client: &Client, ty: &TensorType, data: &[u8]) -> Result<Buffer, S
     client.buffer_from_bytes(data, element, &dims).map_err(|e| e.to_string())
 }
 
-/// An input buffer that may alias the host bytes it was made from (see [`upload_input`]): it
-/// borrows them, so they outlive it.
-#[derive(Debug)]
-pub struct InputBuffer<'a> {
-    buffer: Buffer,
-    _data: std::marker::PhantomData<&'a [u8]>,
-}
-
-impl std::ops::Deref for InputBuffer<'_> {
-    type Target = Buffer;
-    fn deref(&self) -> &Buffer {
-        &self.buffer
-    }
-}
-
-/// Row-major `data` of type `ty` as an input of an execution: read in place, without a copy,
-/// where the client can alias host memory (the CPU plugin, with data aligned to
-/// [`pjrt::VIEW_ALIGNMENT`] bytes, as PyTorch's and NumPy's allocations are), else a copy
-/// (see [`upload`]).
+/// Row-major `data` of type `ty` as an execution input: read in place where the client can
+/// alias host memory, else a copy (see [`Client::host_input`]).
 pub fn upload_input<'a>(
     client: &Client,
     ty: &TensorType,
     data: &'a [u8],
-) -> Result<InputBuffer<'a>, String> {
+) -> Result<HostInput<'a>, String> {
     let (element, dims) = pjrt_shape(ty)?;
-    // SAFETY: the view borrows `data` for `'a` through `InputBuffer`, so the bytes outlive the
-    // buffer; `&'a [u8]` keeps them unwritten meanwhile; and an `InputBuffer` only hands out
-    // `&Buffer`, which executions borrow and never donate.
-    let view = unsafe { client.view_of_host_bytes(data, element, &dims) };
-    let buffer = match view {
-        Ok(Some(b)) => b,
-        // A plugin that refuses the view (an alignment rule of its own, say) gets a copy.
-        Ok(None) | Err(pjrt::Error::Pjrt { .. }) => {
-            client.buffer_from_bytes(data, element, &dims).map_err(|e| e.to_string())?
-        }
-        Err(e) => return Err(e.to_string()),
-    };
-    Ok(InputBuffer { buffer, _data: std::marker::PhantomData })
-}
-
-/// The PJRT views of the host memory recent eager calls read, by address and type.
-///
-/// A view is only a description of memory (address, element type, shape) that the runtime
-/// reads when an execution that takes it runs; making one costs about as much as a small copy.
-/// An input at the same address with the same type and shape as a recent one (the same tensor
-/// again, or a new one where the allocator reused the memory) takes the same view. A cached view
-/// is executed only by a call whose own input is exactly that memory, borrowed for the call; in
-/// between it is never read, and destroying it does not touch the memory (its on-delete
-/// callback does nothing).
-#[derive(Debug, Default)]
-struct ViewCache {
-    /// Most recently used first.
-    entries: Mutex<Vec<(ViewKey, Arc<Buffer>)>>,
-}
-
-#[derive(Debug, PartialEq)]
-struct ViewKey {
-    address: usize,
-    len: usize,
-    ty: TensorType,
-}
-
-/// Views kept: enough for the inputs of a few layers' worth of ops.
-const VIEW_CACHE_SIZE: usize = 64;
-
-impl ViewCache {
-    /// The view of `t`'s bytes, cached or new; `None` when the client cannot make one.
-    fn get_or_create(&self, client: &Client, t: &HostTensor<'_>) -> Option<Arc<Buffer>> {
-        if t.data.is_empty() || !(t.data.as_ptr() as usize).is_multiple_of(pjrt::VIEW_ALIGNMENT) {
-            return None;
-        }
-        let key =
-            ViewKey { address: t.data.as_ptr() as usize, len: t.data.len(), ty: t.ty.clone() };
-        let mut entries = self.entries.lock().ok()?;
-        if let Some(i) = entries.iter().position(|(k, _)| *k == key) {
-            let entry = entries.remove(i);
-            let view = entry.1.clone();
-            entries.insert(0, entry);
-            return Some(view);
-        }
-        drop(entries);
-        let (element, dims) = pjrt_shape(t.ty).ok()?;
-        // SAFETY: see the type's comment: the view is executed only by calls whose input is
-        // exactly these bytes, borrowed for the call, and is never donated or read otherwise.
-        let view = Arc::new(unsafe { client.view_of_host_bytes(t.data, element, &dims) }.ok()??);
-        let mut entries = self.entries.lock().ok()?;
-        entries.insert(0, (key, view.clone()));
-        entries.truncate(VIEW_CACHE_SIZE);
-        Some(view)
-    }
+    client.host_input(data, element, &dims).map_err(|e| e.to_string())
 }
 
 /// Every input as an execution input (see [`upload_input`]); the error names the input.
 pub fn upload_all<'a>(
     client: &Client,
     inputs: &[HostTensor<'a>],
-) -> Result<Vec<InputBuffer<'a>>, String> {
+) -> Result<Vec<HostInput<'a>>, String> {
     inputs
         .iter()
         .enumerate()
@@ -412,7 +333,7 @@ pub struct Dispatcher {
     memo: RwLock<HashMap<u64, MemoBucket>>,
     /// Index generation the memo was filled under; a registry change clears it.
     memo_index: AtomicUsize,
-    views: ViewCache,
+    views: pjrt::ViewCache,
     stats: Mutex<BTreeMap<String, OpStats>>,
     kernel_nanos: AtomicU64,
     prepare_nanos: AtomicU64,
@@ -435,7 +356,7 @@ impl Dispatcher {
             options: CompileOptions::new(),
             memo: RwLock::new(HashMap::new()),
             memo_index: AtomicUsize::new(0),
-            views: ViewCache::default(),
+            views: pjrt::ViewCache::default(),
             stats: Mutex::new(BTreeMap::new()),
             kernel_nanos: AtomicU64::new(0),
             prepare_nanos: AtomicU64::new(0),
@@ -506,29 +427,18 @@ impl Dispatcher {
         prepared: &Prepared,
         inputs: &[HostTensor<'_>],
     ) -> Result<Vec<Buffer>, FallbackReason> {
-        let mut views: Vec<Arc<Buffer>> = Vec::with_capacity(inputs.len());
-        let mut copies: Vec<Option<InputBuffer<'_>>> = Vec::with_capacity(inputs.len());
+        let mut held = Vec::with_capacity(inputs.len());
         for (i, t) in inputs.iter().enumerate() {
-            match self.views.get_or_create(&self.client, t) {
-                Some(view) => {
-                    views.push(view);
-                    copies.push(None);
-                }
-                None => copies.push(Some(
-                    upload_input(&self.client, t.ty, t.data)
-                        .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?,
-                )),
-            }
+            let input = pjrt_shape(t.ty)
+                .and_then(|(element, dims)| {
+                    self.views
+                        .input(&self.client, t.data, element, &dims)
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
+            held.push(input);
         }
-        let mut next_view = views.iter();
-        let refs: Vec<&Buffer> = copies
-            .iter()
-            .map(|c| match c {
-                Some(b) => Some(&**b),
-                None => next_view.next().map(|v| &**v),
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(|| FallbackReason::BadInput("input views out of step".to_owned()))?;
+        let refs: Vec<&Buffer> = held.iter().map(|b| &**b).collect();
         prepared.executable.execute(&refs).map_err(|e| FallbackReason::Execute(e.to_string()))
     }
 

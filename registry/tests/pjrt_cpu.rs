@@ -199,6 +199,34 @@ fn execution_inputs_alias_aligned_host_bytes_and_copy_unaligned_ones() {
     assert!(err.contains("needs 4096 bytes, the host data has 4092"), "{err}");
 }
 
+#[test]
+fn the_view_cache_hands_out_views_of_exactly_the_memory_asked_for() {
+    use tpu_kernels_registry::pjrt::{VIEW_CACHE_SIZE, ViewCache};
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = compile(&client, SUM_1024);
+    let cache = ViewCache::default();
+    // More distinct page-aligned inputs than the cache keeps, each used twice with new values.
+    let mut hosts: Vec<AlignedHostBuffer<f32>> =
+        (0..VIEW_CACHE_SIZE + 3).map(|_| AlignedHostBuffer::<f32>::zeroed(1024)).collect();
+    for round in 0..2 {
+        for (k, host) in hosts.iter_mut().enumerate() {
+            host.fill((k + round) as f32);
+            let bytes = bytemuck_bytes(host);
+            let input = cache.input(&client, bytes, ElementType::F32, &[1024]).unwrap();
+            assert_eq!(
+                input.read_in_place(|b| b.as_ptr() as usize).unwrap(),
+                bytes.as_ptr() as usize
+            );
+            let out = exe.execute(&[&input]).unwrap()[0].to_vec::<f32>().unwrap();
+            assert_eq!(out, vec![1024.0 * (k + round) as f32], "input {k}, round {round}");
+        }
+    }
+    // The same address with another shape is another view.
+    let bytes = bytemuck_bytes(&hosts[0]);
+    let two = cache.input(&client, &bytes[..2048], ElementType::F32, &[2, 256]).unwrap();
+    assert_eq!(two.dims(), &[2, 256]);
+}
+
 fn bytemuck_bytes(v: &[f32]) -> &[u8] {
     // SAFETY: any f32 slice is readable as bytes, with the same lifetime.
     unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }

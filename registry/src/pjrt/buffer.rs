@@ -415,7 +415,7 @@ impl Client {
     /// # Safety
     /// `bytes` must stay valid, and unmodified, until the returned buffer is dropped, and the
     /// buffer must not be donated to an execution (which would write into them).
-    pub unsafe fn view_of_host_bytes(
+    pub(crate) unsafe fn view_of_host_bytes(
         &self,
         bytes: &[u8],
         ty: ElementType,

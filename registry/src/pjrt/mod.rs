@@ -43,6 +43,7 @@ mod proto;
 mod sys;
 pub mod testing;
 mod topology;
+mod view;
 
 pub use buffer::{AlignedHostBuffer, Buffer, ElementType, NativeType, VIEW_ALIGNMENT};
 pub use client::{Client, ClientOptions, Device, OptionValue};
@@ -55,3 +56,4 @@ pub use plugin::{
     locate_libtpu,
 };
 pub use topology::{CompiledProgram, Topology};
+pub use view::{HostInput, VIEW_CACHE_SIZE, ViewCache};

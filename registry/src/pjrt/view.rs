@@ -1,0 +1,111 @@
+//! Execution inputs read where they are: PJRT views of host memory, and a cache of them.
+
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+
+use super::buffer::VIEW_ALIGNMENT;
+use super::{Buffer, Client, ElementType, Error, Result};
+
+/// An execution input made from borrowed host bytes: a view of them (no copy) or a copy. It
+/// borrows the bytes, so they outlive it, and it only hands out `&Buffer`, which executions
+/// borrow and never donate.
+#[derive(Debug)]
+pub struct HostInput<'a> {
+    buffer: Arc<Buffer>,
+    _data: PhantomData<&'a [u8]>,
+}
+
+impl std::ops::Deref for HostInput<'_> {
+    type Target = Buffer;
+    fn deref(&self) -> &Buffer {
+        &self.buffer
+    }
+}
+
+impl Client {
+    /// Row-major `data` (`ty`, `dims`) as an execution input: read in place where the client
+    /// can alias host memory (the CPU plugin, with data aligned to [`VIEW_ALIGNMENT`] bytes, as
+    /// PyTorch's and NumPy's allocations are), else copied.
+    pub fn host_input<'a>(
+        &self,
+        data: &'a [u8],
+        ty: ElementType,
+        dims: &[i64],
+    ) -> Result<HostInput<'a>> {
+        // SAFETY: the view lives in a `HostInput<'a>`, so `data` outlives it and stays unwritten
+        // meanwhile (`&'a [u8]`); a `HostInput` is never donated.
+        let view = unsafe { self.view_of_host_bytes(data, ty, dims) };
+        let buffer = match view {
+            Ok(Some(b)) => b,
+            // A plugin that refuses the view (an alignment rule of its own, say) gets a copy.
+            Ok(None) | Err(Error::Pjrt { .. }) => self.buffer_from_bytes(data, ty, dims)?,
+            Err(e) => return Err(e),
+        };
+        Ok(HostInput { buffer: Arc::new(buffer), _data: PhantomData })
+    }
+}
+
+/// The views of the host memory that recent inputs occupied, by address, length, element type
+/// and shape.
+///
+/// A view only describes memory (address, element type, shape) that the runtime reads when an
+/// execution that takes it runs; making one costs about as much as copying a small input. An
+/// input at the same address with the same type and shape as a recent one (the same tensor
+/// again, or a new one where the allocator reused the memory) takes the same view. A cached view
+/// is handed out only inside a [`HostInput`] that borrows exactly the memory it describes, so it
+/// is executed only while that memory is valid; in between it is never read, and destroying it
+/// does not touch the memory (its on-delete callback does nothing).
+#[derive(Debug, Default)]
+pub struct ViewCache {
+    /// Most recently used first.
+    entries: Mutex<Vec<(ViewKey, Arc<Buffer>)>>,
+}
+
+#[derive(Debug, PartialEq)]
+struct ViewKey {
+    address: usize,
+    len: usize,
+    ty: ElementType,
+    dims: Box<[i64]>,
+}
+
+/// Views a [`ViewCache`] keeps: the inputs of a few layers' worth of ops.
+pub const VIEW_CACHE_SIZE: usize = 64;
+
+impl ViewCache {
+    /// `data` as an execution input (see [`Client::host_input`]), through a cached view when a
+    /// recent input occupied the same memory with the same type and shape.
+    pub fn input<'a>(
+        &self,
+        client: &Client,
+        data: &'a [u8],
+        ty: ElementType,
+        dims: &[i64],
+    ) -> Result<HostInput<'a>> {
+        let address = data.as_ptr() as usize;
+        if data.is_empty() || !address.is_multiple_of(VIEW_ALIGNMENT) {
+            return client.host_input(data, ty, dims);
+        }
+        let key = ViewKey { address, len: data.len(), ty, dims: dims.into() };
+        if let Ok(mut entries) = self.entries.lock()
+            && let Some(i) = entries.iter().position(|(k, _)| *k == key)
+        {
+            let entry = entries.remove(i);
+            let buffer = entry.1.clone();
+            entries.insert(0, entry);
+            return Ok(HostInput { buffer, _data: PhantomData });
+        }
+        // SAFETY: see the type's comment: the view leaves the cache only inside a `HostInput`
+        // borrowing exactly these bytes, and is never donated or read otherwise.
+        let view = match unsafe { client.view_of_host_bytes(data, ty, dims) } {
+            Ok(Some(view)) => Arc::new(view),
+            Ok(None) | Err(Error::Pjrt { .. }) => return client.host_input(data, ty, dims),
+            Err(e) => return Err(e),
+        };
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.insert(0, (key, view.clone()));
+            entries.truncate(VIEW_CACHE_SIZE);
+        }
+        Ok(HostInput { buffer: view, _data: PhantomData })
+    }
+}
