@@ -360,8 +360,45 @@ impl LoadedExecutable {
     }
 
     /// Runs on its single device and waits; borrowed arguments are never donated.
+    ///
+    /// The eager path's call: the same checks and C API call as [`execute_with`]
+    /// (Self::execute_with), with flat argument arrays for one device.
     pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>> {
-        self.execute_with(args.iter().map(|&b| Input::Borrowed(b)).collect())
+        if self.devices.len() != 1 {
+            return Err(Error::DeviceCount { expected: self.devices.len(), got: 1 });
+        }
+        self.check_device_args(args.len(), args.iter().copied())?;
+        let non_donatable: Vec<i64> = (0..args.len() as i64).collect();
+        let arg_ptrs: Vec<*mut sys::PJRT_Buffer> = args.iter().map(|b| b.raw).collect();
+        let arg_lists = [arg_ptrs.as_ptr()];
+        let mut out_ptrs: Vec<*mut sys::PJRT_Buffer> = vec![std::ptr::null_mut(); self.num_outputs];
+        let out_lists = [out_ptrs.as_mut_ptr()];
+        let mut event: *mut sys::PJRT_Event = std::ptr::null_mut();
+        let mut options = sys::PJRT_ExecuteOptions::new();
+        options.non_donatable_input_indices = non_donatable.as_ptr();
+        options.num_non_donatable_input_indices = non_donatable.len();
+        let mut exec = sys::PJRT_LoadedExecutable_Execute_Args::new();
+        exec.executable = self.raw;
+        exec.options = &mut options;
+        exec.argument_lists = arg_lists.as_ptr();
+        exec.num_devices = 1;
+        exec.num_args = args.len();
+        exec.output_lists = out_lists.as_ptr();
+        exec.device_complete_events = &mut event;
+        let plugin = &self.client.inner.plugin;
+        // SAFETY: the executable and every argument buffer are live (borrowed for the call);
+        // the argument, output and event arrays have the sizes the call is told (one device);
+        // `options` and `non_donatable` outlive the call.
+        unsafe { pjrt_call!(plugin, PJRT_LoadedExecutable_Execute, &mut exec) }?;
+        // Take ownership of everything PJRT handed back before anything can fail.
+        let event = Event::from_raw(plugin.clone(), event);
+        let mut outputs = wrap_device_outputs(&self.client.inner, out_ptrs);
+        event.wait("PJRT_LoadedExecutable_Execute")?;
+        let mut outputs = outputs.take_all()?;
+        for b in &mut outputs {
+            b.mark_ready();
+        }
+        Ok(outputs)
     }
 
     /// Runs on its single device with borrowed and donated arguments, and waits.
@@ -395,45 +432,52 @@ impl LoadedExecutable {
         }
         let num_args = args.first().map_or(0, Vec::len);
         for device_args in args {
-            if let Some(params) = &self.parameters {
-                if device_args.len() != params.len() {
-                    return Err(Error::ArgumentCount {
-                        expected: params.len(),
-                        got: device_args.len(),
-                    });
-                }
-            } else if device_args.len() != num_args {
+            if self.parameters.is_none() && device_args.len() != num_args {
                 return Err(Error::ArgumentCount { expected: num_args, got: device_args.len() });
             }
-            for (index, input) in device_args.iter().enumerate() {
-                let b = input.buffer();
-                if !b.same_client(&self.client.inner) {
-                    return Err(Error::ArgumentPlacement {
+            self.check_device_args(device_args.len(), device_args.iter().map(Input::buffer))?;
+        }
+        Ok(())
+    }
+
+    /// Checks one device's arguments against the parameters (count, client, type, shape).
+    fn check_device_args<'b>(
+        &self,
+        count: usize,
+        buffers: impl Iterator<Item = &'b Buffer>,
+    ) -> Result<()> {
+        if let Some(params) = &self.parameters
+            && count != params.len()
+        {
+            return Err(Error::ArgumentCount { expected: params.len(), got: count });
+        }
+        for (index, b) in buffers.enumerate() {
+            if !b.same_client(&self.client.inner) {
+                return Err(Error::ArgumentPlacement {
+                    index,
+                    message: "buffer belongs to another client".to_owned(),
+                });
+            }
+            if let Some(params) = &self.parameters {
+                let p = &params[index];
+                // Types this layer does not model (fp8, complex, ...) are left to PJRT.
+                let modelled = |t: ElementType| !matches!(t, ElementType::Other(_));
+                if modelled(p.element_type)
+                    && modelled(b.element_type())
+                    && p.element_type != b.element_type()
+                {
+                    return Err(Error::ArgumentType {
                         index,
-                        message: "buffer belongs to another client".to_owned(),
+                        expected: p.element_type,
+                        got: b.element_type(),
                     });
                 }
-                if let Some(params) = &self.parameters {
-                    let p = &params[index];
-                    // Types this layer does not model (fp8, complex, ...) are left to PJRT.
-                    let modelled = |t: ElementType| !matches!(t, ElementType::Other(_));
-                    if modelled(p.element_type)
-                        && modelled(b.element_type())
-                        && p.element_type != b.element_type()
-                    {
-                        return Err(Error::ArgumentType {
-                            index,
-                            expected: p.element_type,
-                            got: b.element_type(),
-                        });
-                    }
-                    if p.dims != b.dims() {
-                        return Err(Error::ArgumentShape {
-                            index,
-                            expected: p.dims.clone(),
-                            got: b.dims().to_vec(),
-                        });
-                    }
+                if p.dims != b.dims() {
+                    return Err(Error::ArgumentShape {
+                        index,
+                        expected: p.dims.clone(),
+                        got: b.dims().to_vec(),
+                    });
                 }
             }
         }
@@ -483,6 +527,41 @@ impl LoadedExecutable {
         let outputs = wrap_outputs(&self.client.inner, out_ptrs)?;
         Ok(Execution { outputs, events })
     }
+}
+
+/// One device's outputs, owned (so destroyed on every path); the first error wrapping them.
+struct DeviceOutputs {
+    buffers: Vec<Buffer>,
+    error: Option<Error>,
+}
+
+impl DeviceOutputs {
+    fn take_all(&mut self) -> Result<Vec<Buffer>> {
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(std::mem::take(&mut self.buffers)),
+        }
+    }
+}
+
+fn wrap_device_outputs(
+    client: &Arc<ClientInner>,
+    raw: Vec<*mut sys::PJRT_Buffer>,
+) -> DeviceOutputs {
+    let mut out = DeviceOutputs { buffers: Vec::with_capacity(raw.len()), error: None };
+    for b in raw {
+        if b.is_null() {
+            continue;
+        }
+        // Even on error, `from_output` owns (and so destroys) the buffer.
+        match Buffer::from_output(client, b, false) {
+            Ok(buf) => out.buffers.push(buf),
+            Err(e) => {
+                out.error.get_or_insert(e);
+            }
+        }
+    }
+    out
 }
 
 fn wrap_outputs(

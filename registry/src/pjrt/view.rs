@@ -61,7 +61,7 @@ pub struct ViewCache {
     entries: Mutex<Vec<(ViewKey, Arc<Buffer>)>>,
 }
 
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 struct ViewKey {
     address: usize,
     len: usize,
@@ -86,9 +86,11 @@ impl ViewCache {
         if data.is_empty() || !address.is_multiple_of(VIEW_ALIGNMENT) {
             return client.host_input(data, ty, dims);
         }
-        let key = ViewKey { address, len: data.len(), ty, dims: dims.into() };
+        let same = |k: &ViewKey| {
+            k.address == address && k.len == data.len() && k.ty == ty && *k.dims == *dims
+        };
         if let Ok(mut entries) = self.entries.lock()
-            && let Some(i) = entries.iter().position(|(k, _)| *k == key)
+            && let Some(i) = entries.iter().position(|(k, _)| same(k))
         {
             let entry = entries.remove(i);
             let buffer = entry.1.clone();
@@ -103,6 +105,7 @@ impl ViewCache {
             Err(e) => return Err(e),
         };
         if let Ok(mut entries) = self.entries.lock() {
+            let key = ViewKey { address, len: data.len(), ty, dims: dims.into() };
             entries.insert(0, (key, view.clone()));
             entries.truncate(VIEW_CACHE_SIZE);
         }
