@@ -725,6 +725,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> bool:
     return True
 
 
+def perf_log() -> list[str]:
+    """The before-and-after log of performance work (`docs/perf-log.md`, kept by hand), as a
+    section of the report."""
+    path = ROOT / "docs" / "perf-log.md"
+    if not path.exists():
+        return []
+    return ["## Performance work, before and after", "", *path.read_text().rstrip().splitlines(), ""]
+
+
 def report(
     rows: list[dict[str, Any]], info: dict[str, Any], runs: list[Run], png: Path | None, cmdline: str, seconds: float
 ) -> str:
@@ -738,6 +747,7 @@ def report(
         "",
         *md_table(["", ""], machine(), "ll"),
         "",
+        *perf_log(),
         "## Kernels: PJRT CPU plugin vs PyTorch eager",
         "",
         f"Each registered kernel through `tk.call(op, *tensors, dispatcher=d, **statics)` on torch CPU tensors",
