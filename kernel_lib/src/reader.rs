@@ -429,6 +429,16 @@ pub(crate) fn symbol_name(text: &str, t: &Tok) -> Result<String, ReadError> {
         return Ok(raw.to_string());
     }
     let inner = raw.get(1..raw.len().saturating_sub(1)).unwrap_or("");
+    let out = unescape_bytes(inner).map_err(|i| {
+        ReadError::at(text, t.start + 2 + i, "invalid escape sequence in quoted symbol name")
+    })?;
+    String::from_utf8(out)
+        .map_err(|_| ReadError::at(text, t.start, "quoted symbol name is not valid utf-8"))
+}
+
+/// The bytes of an MLIR string literal's body (`\"`, `\\`, `\n`, `\t`, `\XX` unescaped), or
+/// the offset of the first invalid escape.
+pub(crate) fn unescape_bytes(inner: &str) -> Result<Vec<u8>, usize> {
     let b = inner.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -440,8 +450,7 @@ pub(crate) fn symbol_name(text: &str, t: &Tok) -> Result<String, ReadError> {
         }
         let hex = |k: usize| b.get(k).and_then(|&h| (h as char).to_digit(16));
         match b.get(i + 1) {
-            Some(b'\\') => out.push(b'\\'),
-            Some(b'"') => out.push(b'"'),
+            Some(&q @ (b'\\' | b'"')) => out.push(q),
             Some(b'n') => out.push(b'\n'),
             Some(b't') => out.push(b'\t'),
             _ => match (hex(i + 1), hex(i + 2)) {
@@ -449,16 +458,12 @@ pub(crate) fn symbol_name(text: &str, t: &Tok) -> Result<String, ReadError> {
                     out.push((h * 16 + l) as u8);
                     i += 1;
                 }
-                _ => {
-                    let msg = "invalid escape sequence in quoted symbol name";
-                    return Err(ReadError::at(text, t.start + 2 + i, msg));
-                }
+                _ => return Err(i),
             },
         }
         i += 2;
     }
-    String::from_utf8(out)
-        .map_err(|_| ReadError::at(text, t.start, "quoted symbol name is not valid utf-8"))
+    Ok(out)
 }
 
 /// `[A-Za-z_][A-Za-z0-9_$.]*`: a symbol name MLIR accepts without quotes.
@@ -522,18 +527,8 @@ fn rewrite(
         if strip && is_alias_def(toks, i) && is_loc_start(text, toks, i + 2) {
             // `#name = loc(...)`: remove the whole line when it holds nothing else.
             let close = toks[i + 3].pair;
-            let mut start = back_over_blanks(t.start, cursor);
-            let mut end = toks[close].end;
-            if start == 0 || b[start - 1] == b'\n' {
-                while matches!(b.get(end), Some(b' ' | b'\t' | b'\r')) {
-                    end += 1;
-                }
-                if b.get(end) == Some(&b'\n') {
-                    end += 1;
-                }
-            } else {
-                start = t.start;
-            }
+            let span = removal_span(b, back_over_blanks(t.start, cursor), t.start, toks[close].end);
+            let (start, end) = (span.start, span.end);
             segments.push((out.len(), cursor));
             out.push_str(&text[cursor..start]);
             cursor = end;
@@ -887,37 +882,8 @@ impl<'t> Module<'t> {
                 &renames,
                 &mut Vec::new(),
             )?;
-            let mut text = format!("func.func private {}(", format_symbol(&name));
-            for (k, a) in args.iter().enumerate() {
-                if k > 0 {
-                    text.push_str(", ");
-                }
-                text.push_str(a.name.as_deref().unwrap_or("%arg"));
-                text.push_str(": ");
-                push_type_and_attrs(&mut text, a);
-            }
-            text.push(')');
-            match results.as_slice() {
-                [] => {}
-                [r] if r.attributes.is_empty() => {
-                    text.push_str(" -> ");
-                    text.push_str(&r.ty.to_string());
-                }
-                _ => {
-                    text.push_str(" -> (");
-                    for (k, r) in results.iter().enumerate() {
-                        if k > 0 {
-                            text.push_str(", ");
-                        }
-                        push_type_and_attrs(&mut text, r);
-                    }
-                    text.push(')');
-                }
-            }
-            if !attributes.is_empty() {
-                text.push_str(" attributes ");
-                push_dict(&mut text, &attributes);
-            }
+            let mut text = format!("func.func private {}", format_symbol(&name));
+            push_signature(&mut text, &args, &results, &attributes);
             text.push_str(" {");
             text.push_str(&body);
             text.push('}');
@@ -931,6 +897,91 @@ impl<'t> Module<'t> {
             });
         }
         Ok(out)
+    }
+}
+
+/// What to delete to remove the text `text_start..end` of `b`, given `blank_start`, the start
+/// moved back over the blanks before it: the whole line (with its newline) when the text is
+/// alone on its line, else just the text.
+pub(crate) fn removal_span(
+    b: &[u8],
+    blank_start: usize,
+    text_start: usize,
+    end: usize,
+) -> Range<usize> {
+    if blank_start != 0 && b[blank_start - 1] != b'\n' {
+        return text_start..end;
+    }
+    let mut end = end;
+    while matches!(b.get(end), Some(b' ' | b'\t' | b'\r')) {
+        end += 1;
+    }
+    if b.get(end) == Some(&b'\n') {
+        end += 1;
+    }
+    blank_start..end
+}
+
+/// With token `open` a `<`, the index just past its matching `>`, searching before `limit`
+/// (bracketed groups inside are skipped whole).
+pub(crate) fn angle_close(toks: &[Tok], open: usize, limit: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < limit {
+        let t = toks.get(i)?;
+        match t.kind {
+            Kind::Punct(b'<') => depth += 1,
+            Kind::Punct(b'>') => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(i + 1);
+                }
+            }
+            Kind::Punct(b'(' | b'[' | b'{') => i = t.pair,
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// `(%a: type {attrs}, ...) -> results attributes {...}`: a function signature after its name.
+pub(crate) fn push_signature(
+    out: &mut String,
+    args: &[Arg],
+    results: &[Arg],
+    attributes: &[(String, String)],
+) {
+    out.push('(');
+    for (k, a) in args.iter().enumerate() {
+        if k > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(a.name.as_deref().unwrap_or("%arg"));
+        out.push_str(": ");
+        push_type_and_attrs(out, a);
+    }
+    out.push(')');
+    match results {
+        [] => {}
+        [r] if r.attributes.is_empty() => {
+            out.push_str(" -> ");
+            out.push_str(&r.ty.to_string());
+        }
+        _ => {
+            out.push_str(" -> (");
+            for (k, r) in results.iter().enumerate() {
+                if k > 0 {
+                    out.push_str(", ");
+                }
+                push_type_and_attrs(out, r);
+            }
+            out.push(')');
+        }
+    }
+    if !attributes.is_empty() {
+        out.push_str(" attributes ");
+        push_dict(out, attributes);
     }
 }
 
@@ -1198,24 +1249,8 @@ impl<'t> Parser<'t, '_> {
 
     /// With `self.pos` on a `<`, the index just past its matching `>` (before `limit`).
     fn angle_end(&self, limit: usize) -> Result<usize, ReadError> {
-        let mut depth = 0usize;
-        let mut i = self.pos;
-        while i < limit {
-            let t = self.toks[i];
-            match t.kind {
-                Kind::Punct(b'<') => depth += 1,
-                Kind::Punct(b'>') => {
-                    depth -= 1;
-                    if depth == 0 {
-                        return Ok(i + 1);
-                    }
-                }
-                Kind::Punct(b'(' | b'[' | b'{') => i = t.pair,
-                _ => {}
-            }
-            i += 1;
-        }
-        Err(self.expected(limit, "'>' closing '<'"))
+        angle_close(self.toks, self.pos, limit)
+            .ok_or_else(|| self.expected(limit, "'>' closing '<'"))
     }
 
     /// `{name = value, unit_name, "quoted name" = value}` as ordered raw pairs.

@@ -368,33 +368,46 @@ impl Parser<'_> {
         Ok((args, ops))
     }
 
-    /// `(%a: type, %b: type)` with the `(` at `open`.
-    fn block_args(&self, open: usize) -> PResult<Vec<BlockArg>> {
+    /// The items of the comma-separated list in the parentheses opening at `open`: `item` reads
+    /// one at a token index and returns it with the index after it; `what` names the items.
+    fn comma_list<T>(
+        &self,
+        open: usize,
+        what: &str,
+        mut item: impl FnMut(usize) -> PResult<(T, usize)>,
+    ) -> PResult<Vec<T>> {
         let close = self.pair(open);
         let mut j = open + 1;
         let mut out = Vec::new();
         while j < close {
             if !out.is_empty() {
                 if !self.is_punct(j, b',') {
-                    return Err(self.err(j, "',' between block arguments"));
+                    return Err(self.err(j, &format!("',' between {what}")));
                 }
                 j += 1;
             }
+            let (t, next) = item(j)?;
+            out.push(t);
+            j = next;
+        }
+        Ok(out)
+    }
+
+    /// `(%a: type, %b: type)` with the `(` at `open`.
+    fn block_args(&self, open: usize) -> PResult<Vec<BlockArg>> {
+        self.comma_list(open, "block arguments", |j| {
             if self.kind(j) != Some(Kind::Value) {
                 return Err(self.err(j, "a block argument (%name)"));
             }
-            let tok = j;
             if !self.is_punct(j + 1, b':') {
                 return Err(self.err(j + 1, "':' after the block argument"));
             }
-            let (ty, next) = self.ty(j + 2)?;
-            j = next;
-            if self.is_punct(j, b'{') {
-                j = self.pair(j) + 1;
+            let (ty, mut next) = self.ty(j + 2)?;
+            if self.is_punct(next, b'{') {
+                next = self.pair(next) + 1;
             }
-            out.push(BlockArg { tok, ty: Some(ty) });
-        }
-        Ok(out)
+            Ok((BlockArg { tok: j, ty: Some(ty) }, next))
+        })
     }
 
     /// A ranked tensor type starting at token `j`; returns it and the token index after it.
@@ -419,21 +432,7 @@ impl Parser<'_> {
 
     /// A comma-separated list of types inside the parentheses opening at `open`.
     fn types_in(&self, open: usize) -> PResult<Vec<TypeRef>> {
-        let close = self.pair(open);
-        let mut j = open + 1;
-        let mut out = Vec::new();
-        while j < close {
-            if !out.is_empty() {
-                if !self.is_punct(j, b',') {
-                    return Err(self.err(j, "',' between types"));
-                }
-                j += 1;
-            }
-            let (t, next) = self.ty(j)?;
-            out.push(t);
-            j = next;
-        }
-        Ok(out)
+        self.comma_list(open, "types", |j| self.ty(j))
     }
 
     /// The type signature starting at token `j`; returns it and the token index after it.
@@ -469,24 +468,9 @@ impl Parser<'_> {
     }
 
     /// With `j` on a `<`, the index just past its matching `>`.
-    fn angle_end(&self, mut j: usize) -> PResult<usize> {
-        let start = j;
-        let mut depth = 0usize;
-        while let Some(t) = self.toks.get(j) {
-            match t.kind {
-                Kind::Punct(b'<') => depth += 1,
-                Kind::Punct(b'>') => {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        return Ok(j + 1);
-                    }
-                }
-                Kind::Punct(b'(' | b'[' | b'{') => j = t.pair,
-                _ => {}
-            }
-            j += 1;
-        }
-        Err(self.err(start, "'>' closing '<'"))
+    fn angle_end(&self, j: usize) -> PResult<usize> {
+        reader::angle_close(self.toks, j, self.toks.len())
+            .ok_or_else(|| self.err(j, "'>' closing '<'"))
     }
 
     /// One op starting at token `first`, ending before `hi` (the enclosing region's `}`).
@@ -1363,22 +1347,13 @@ impl<'m, 't> Refiner<'m, 't> {
         }
         // Drop the op with its line.
         let b = self.text.as_bytes();
-        let mut start = self.toks[op.first].start;
+        let text_start = self.toks[op.first].start;
+        let mut start = text_start;
         while start > 0 && matches!(b[start - 1], b' ' | b'\t') {
             start -= 1;
         }
-        let mut end = self.toks[op.end - 1].end;
-        if start == 0 || b[start - 1] == b'\n' {
-            while matches!(b.get(end), Some(b' ' | b'\t' | b'\r')) {
-                end += 1;
-            }
-            if b.get(end) == Some(&b'\n') {
-                end += 1;
-            }
-        } else {
-            start = self.toks[op.first].start;
-        }
-        edits.push(Edit { range: start..end, text: String::new() });
+        let range = reader::removal_span(b, start, text_start, self.toks[op.end - 1].end);
+        edits.push(Edit { range, text: String::new() });
         Ok(())
     }
 
@@ -2484,80 +2459,27 @@ fn function_text(
         Visibility::Private => "private ",
     });
     t.push_str(&reader::format_symbol(name));
-    t.push('(');
-    for (k, (a, ty)) in f.args.iter().zip(args).enumerate() {
-        if k > 0 {
-            t.push_str(", ");
-        }
-        t.push_str(a.name.as_deref().unwrap_or("%arg"));
-        t.push_str(": ");
-        let arg = Arg { name: None, ty: ty.clone(), attributes: a.attributes.clone() };
-        reader::push_type_and_attrs(&mut t, &arg);
-    }
-    t.push(')');
-    let rs: Vec<Arg> = f
-        .results
-        .iter()
-        .zip(results)
-        .map(|(r, ty)| Arg { name: None, ty: ty.clone(), attributes: r.attributes.clone() })
-        .collect();
-    match rs.as_slice() {
-        [] => {}
-        [r] if r.attributes.is_empty() => {
-            t.push_str(" -> ");
-            t.push_str(&r.ty.to_string());
-        }
-        _ => {
-            t.push_str(" -> (");
-            for (k, r) in rs.iter().enumerate() {
-                if k > 0 {
-                    t.push_str(", ");
-                }
-                reader::push_type_and_attrs(&mut t, r);
-            }
-            t.push(')');
-        }
-    }
-    if !f.attributes.is_empty() {
-        t.push_str(" attributes ");
-        reader::push_dict(&mut t, &f.attributes);
-    }
+    let with_type = |a: &Arg, ty: &TensorType| Arg {
+        name: a.name.clone(),
+        ty: ty.clone(),
+        attributes: a.attributes.clone(),
+    };
+    let args: Vec<Arg> = f.args.iter().zip(args).map(|(a, ty)| with_type(a, ty)).collect();
+    let results: Vec<Arg> = f.results.iter().zip(results).map(|(r, ty)| with_type(r, ty)).collect();
+    reader::push_signature(&mut t, &args, &results, &f.attributes);
     t.push_str(" {");
     t.push_str(body);
     t.push('}');
     t
 }
 
-/// Undoes MLIR string escapes (`\"`, `\\`, `\n`, `\t`, `\XX`).
+/// Undoes MLIR string escapes (`\"`, `\\`, `\n`, `\t`, `\XX`); text with an invalid escape is
+/// kept as it is.
 fn unescape(raw: &str) -> String {
-    let b = raw.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while let Some(&c) = b.get(i) {
-        if c != b'\\' {
-            out.push(c);
-            i += 1;
-            continue;
-        }
-        let hex = |k: usize| b.get(k).and_then(|&h| (h as char).to_digit(16));
-        match b.get(i + 1) {
-            Some(b'n') => out.push(b'\n'),
-            Some(b't') => out.push(b'\t'),
-            Some(&q @ (b'\\' | b'"')) => out.push(q),
-            _ => {
-                if let (Some(h), Some(l)) = (hex(i + 1), hex(i + 2)) {
-                    out.push((h * 16 + l) as u8);
-                    i += 1;
-                } else {
-                    out.push(c);
-                    i += 1;
-                    continue;
-                }
-            }
-        }
-        i += 2;
+    match reader::unescape_bytes(raw) {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).into_owned(),
+        Err(_) => raw.to_owned(),
     }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn wrap(dtype: DType, v: i64) -> i64 {

@@ -374,22 +374,13 @@ impl LoadedExecutable {
         let mut out_ptrs: Vec<*mut sys::PJRT_Buffer> = vec![std::ptr::null_mut(); self.num_outputs];
         let out_lists = [out_ptrs.as_mut_ptr()];
         let mut event: *mut sys::PJRT_Event = std::ptr::null_mut();
-        let mut options = sys::PJRT_ExecuteOptions::new();
-        options.non_donatable_input_indices = non_donatable.as_ptr();
-        options.num_non_donatable_input_indices = non_donatable.len();
-        let mut exec = sys::PJRT_LoadedExecutable_Execute_Args::new();
-        exec.executable = self.raw;
-        exec.options = &mut options;
-        exec.argument_lists = arg_lists.as_ptr();
-        exec.num_devices = 1;
-        exec.num_args = args.len();
-        exec.output_lists = out_lists.as_ptr();
-        exec.device_complete_events = &mut event;
         let plugin = &self.client.inner.plugin;
-        // SAFETY: the executable and every argument buffer are live (borrowed for the call);
-        // the argument, output and event arrays have the sizes the call is told (one device);
-        // `options` and `non_donatable` outlive the call.
-        unsafe { pjrt_call!(plugin, PJRT_LoadedExecutable_Execute, &mut exec) }?;
+        // SAFETY: every argument buffer is live (borrowed for the call); one device's argument
+        // list holds `args.len()` of them, its output list `num_outputs` slots, and there is one
+        // event slot.
+        unsafe {
+            self.raw_execute(&arg_lists, args.len(), &non_donatable, &out_lists, &mut event)
+        }?;
         // Take ownership of everything PJRT handed back before anything can fail.
         let event = Event::from_raw(plugin.clone(), event);
         let mut outputs = wrap_device_outputs(&self.client.inner, out_ptrs);
@@ -484,6 +475,36 @@ impl LoadedExecutable {
         Ok(())
     }
 
+    /// `PJRT_LoadedExecutable_Execute` on `arg_lists.len()` devices, without waiting.
+    ///
+    /// # Safety
+    /// Each entry of `arg_lists` points to `num_args` live buffers of this executable's client,
+    /// each entry of `out_lists` to `num_outputs` writable slots (one list per device, as many as
+    /// `arg_lists`), and `events` to one writable slot per device.
+    unsafe fn raw_execute(
+        &self,
+        arg_lists: &[*const *mut sys::PJRT_Buffer],
+        num_args: usize,
+        non_donatable: &[i64],
+        out_lists: &[*mut *mut sys::PJRT_Buffer],
+        events: *mut *mut sys::PJRT_Event,
+    ) -> Result<()> {
+        let mut options = sys::PJRT_ExecuteOptions::new();
+        options.non_donatable_input_indices = non_donatable.as_ptr();
+        options.num_non_donatable_input_indices = non_donatable.len();
+        let mut exec = sys::PJRT_LoadedExecutable_Execute_Args::new();
+        exec.executable = self.raw;
+        exec.options = &mut options;
+        exec.argument_lists = arg_lists.as_ptr();
+        exec.num_devices = arg_lists.len();
+        exec.num_args = num_args;
+        exec.output_lists = out_lists.as_ptr();
+        exec.device_complete_events = events;
+        // SAFETY: the caller's contract covers the arrays; `options` and `non_donatable` outlive
+        // the call.
+        unsafe { pjrt_call!(self.client.inner.plugin, PJRT_LoadedExecutable_Execute, &mut exec) }
+    }
+
     fn launch(&self, args: Vec<Vec<Input<'_>>>) -> Result<Execution> {
         self.check_args(&args)?;
         let num_devices = args.len();
@@ -502,23 +523,13 @@ impl LoadedExecutable {
         let out_lists: Vec<*mut *mut sys::PJRT_Buffer> =
             out_ptrs.iter_mut().map(|d| d.as_mut_ptr()).collect();
         let mut events: Vec<*mut sys::PJRT_Event> = vec![std::ptr::null_mut(); num_devices];
-
-        let mut options = sys::PJRT_ExecuteOptions::new();
-        options.non_donatable_input_indices = non_donatable.as_ptr();
-        options.num_non_donatable_input_indices = non_donatable.len();
-        let mut exec = sys::PJRT_LoadedExecutable_Execute_Args::new();
-        exec.executable = self.raw;
-        exec.options = &mut options;
-        exec.argument_lists = arg_lists.as_ptr();
-        exec.num_devices = num_devices;
-        exec.num_args = num_args;
-        exec.output_lists = out_lists.as_ptr();
-        exec.device_complete_events = events.as_mut_ptr();
         let plugin = &self.client.inner.plugin;
         // SAFETY: the executable and every argument buffer are live (borrowed or owned by
-        // `args`, which outlives the call); the argument, output and event arrays have the
-        // sizes the call is told; `options` and `non_donatable` outlive the call.
-        unsafe { pjrt_call!(plugin, PJRT_LoadedExecutable_Execute, &mut exec) }?;
+        // `args`, which outlives the call); each device's argument list holds `num_args`
+        // buffers, its output list `num_outputs` slots, and there is an event slot per device.
+        unsafe {
+            self.raw_execute(&arg_lists, num_args, &non_donatable, &out_lists, events.as_mut_ptr())
+        }?;
         // Take ownership of everything PJRT handed back before anything can fail.
         let events: Vec<Event> =
             events.into_iter().map(|e| Event::from_raw(plugin.clone(), e)).collect();
@@ -568,26 +579,8 @@ fn wrap_outputs(
     client: &Arc<ClientInner>,
     raw: Vec<Vec<*mut sys::PJRT_Buffer>>,
 ) -> Result<Vec<Vec<Buffer>>> {
-    let mut owned: Vec<Vec<Buffer>> = Vec::with_capacity(raw.len());
-    let mut first_error = None;
-    for device in raw {
-        let mut outs = Vec::with_capacity(device.len());
-        for b in device {
-            if b.is_null() {
-                continue;
-            }
-            // Even on error, `from_output` owns (and so destroys) the buffer.
-            match Buffer::from_output(client, b, false) {
-                Ok(buf) => outs.push(buf),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        owned.push(outs);
-    }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(owned),
-    }
+    // Every device's buffers are owned before the first error returns (and drops them all).
+    let mut wrapped: Vec<DeviceOutputs> =
+        raw.into_iter().map(|device| wrap_device_outputs(client, device)).collect();
+    wrapped.iter_mut().map(DeviceOutputs::take_all).collect()
 }
