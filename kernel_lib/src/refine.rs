@@ -3042,3 +3042,55 @@ mod tests {
         assert_eq!(unescape(r#"a\"b\\c\0Ad"#), "a\"b\\c\nd");
     }
 }
+
+/// Malformed input gets an error, never a panic: real exports, mutated at random (deterministic
+/// seed), then refined.
+#[cfg(test)]
+mod malformed_input {
+    use super::*;
+
+    #[test]
+    fn mutated_exports_are_refused_without_panicking() {
+        let source = include_str!("../tests/data/reader/symbolic.mlir");
+        let inputs = [TensorType::new(DType::BF16, [4, 512])];
+        let mut state = 0x9e3779b97f4a7c15u64;
+        let mut next = move |n: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % n as u64) as usize
+        };
+        let mut panics = 0;
+        for _ in 0..4000 {
+            let mut s: Vec<u8> = source.as_bytes().to_vec();
+            for _ in 0..1 + next(4) {
+                let i = next(s.len());
+                match next(4) {
+                    0 => {
+                        let len = 1 + next(12);
+                        s.drain(i..(i + len).min(s.len()));
+                    }
+                    1 => {
+                        let j = next(s.len());
+                        let c = s[j];
+                        s.insert(i, c);
+                    }
+                    2 => s[i] = b"0123456789?x<>(){}[],:%@\"=-"[next(27)],
+                    _ => {
+                        let j = next(s.len());
+                        s.swap(i, j);
+                    }
+                }
+            }
+            let Ok(text) = String::from_utf8(s) else { continue };
+            let r = std::panic::catch_unwind(|| refine(&text, &inputs));
+            if r.is_err() {
+                panics += 1;
+                if panics < 3 {
+                    eprintln!("refine panicked on:\n{text}\n----");
+                }
+            }
+        }
+        assert_eq!(panics, 0);
+    }
+}
