@@ -15,7 +15,7 @@ use tpu_kernels_registry::dispatch::upload;
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, Program};
 
 use crate::errors::raise;
-use crate::registry_api::{global, parse_types, platform};
+use crate::registry_api::{kernel_named, parse_types, platform};
 use crate::runtime::{cache, cpu_client, libtpu, specialiser, topology};
 use crate::tensor::{DeviceTensor, import_all};
 
@@ -135,10 +135,7 @@ fn statics_dict<'py>(
 #[pyo3(signature = (name, signature, platform = "cpu"))]
 pub fn emit(py: Python<'_>, name: &str, signature: &str, platform: &str) -> PyResult<String> {
     let p = self::platform(py, platform)?;
-    let index = global(py)?.index();
-    let kernel = index
-        .kernel(name)
-        .ok_or_else(|| raise(py, "NoKernelError", format!("no kernel named `{name}`")))?;
+    let kernel = kernel_named(py, name)?;
     let sig = kernel
         .record
         .parse_signature(signature)

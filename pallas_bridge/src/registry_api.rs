@@ -24,6 +24,15 @@ pub fn global(py: Python<'_>) -> PyResult<&'static Registry> {
     Registry::global().map_err(|e| raise(py, "RegistrationError", e.to_string()))
 }
 
+/// The kernel registered under `name`; `NoKernelError` naming it otherwise.
+pub fn kernel_named(py: Python<'_>, name: &str) -> PyResult<Arc<Kernel>> {
+    global(py)?
+        .index()
+        .kernel(name)
+        .cloned()
+        .ok_or_else(|| raise(py, "NoKernelError", format!("no kernel named `{name}`")))
+}
+
 /// The `build` function of every imported record: imported kernels have no Rust builder.
 fn imported_has_no_builder(sig: &KernelSignature) -> Result<Module, BuildError> {
     Err(BuildError {
@@ -459,21 +468,15 @@ pub fn list_kernels(py: Python<'_>) -> PyResult<Vec<Bound<'_, PyDict>>> {
 /// One kernel by name.
 #[pyfunction]
 pub fn kernel<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
-    let index = global(py)?.index();
-    let k = index
-        .kernel(name)
-        .ok_or_else(|| raise(py, "NoKernelError", format!("no kernel named `{name}`")))?;
-    kernel_info(py, k)
+    let k = kernel_named(py, name)?;
+    kernel_info(py, &k)
 }
 
 /// The module text of an imported kernel's variant, verbatim.
 #[pyfunction]
 pub fn variant_text(py: Python<'_>, name: &str, platform: &str) -> PyResult<String> {
     let p = self::platform(py, platform)?;
-    let index = global(py)?.index();
-    let k = index
-        .kernel(name)
-        .ok_or_else(|| raise(py, "NoKernelError", format!("no kernel named `{name}`")))?;
+    let k = kernel_named(py, name)?;
     match &k.source {
         KernelSource::Imported { variants, .. } => {
             variants.iter().find(|(q, _)| *q == p).map(|(_, t)| t.to_string()).ok_or_else(|| {

@@ -602,12 +602,7 @@ fn output_types(
     inputs: Vec<(String, Vec<u64>)>,
     statics: &Bound<'_, PyList>,
 ) -> PyResult<Vec<(String, Vec<u64>)>> {
-    let rt = runtime(py)?;
-    let index = rt.dispatcher.registry().index();
-    let kernel = index
-        .kernel(name)
-        .cloned()
-        .ok_or_else(|| PyValueError::new_err(format!("no kernel named `{name}`")))?;
+    let kernel = crate::registry_api::kernel_named(py, name)?;
     let mut types = Vec::with_capacity(inputs.len());
     for (dtype, dims) in &inputs {
         let d = DType::from_name(dtype).ok_or_else(|| {
@@ -683,12 +678,7 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
 /// Static values of a kernel's defaults, parsed (`{name: value}`), for building op schemas.
 #[pyfunction]
 fn static_defaults<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
-    let rt = runtime(py)?;
-    let index = rt.dispatcher.registry().index();
-    let kernel = index
-        .kernel(name)
-        .cloned()
-        .ok_or_else(|| PyValueError::new_err(format!("no kernel named `{name}`")))?;
+    let kernel = crate::registry_api::kernel_named(py, name)?;
     let d = PyDict::new(py);
     for p in kernel.record.statics {
         if let Some(text) = p.default {

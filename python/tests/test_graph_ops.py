@@ -21,6 +21,7 @@ import trace_gpt_block  # noqa: E402
 
 torch = pytest.importorskip("torch")
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
+from tpu_kernels.torch.graph import fx_to_json  # noqa: E402
 
 a = torch.ops.aten
 prims = torch.ops.prims
@@ -223,7 +224,7 @@ def test_op_numerics(name):
     fn, inputs = CASES[name]
     gm = make_fx(fn)(*inputs)
     want = [t for t in _flat(gm(*inputs)) if t is not None]
-    text = graph_lowering.lower(trace_gpt_block.graph_to_json(gm, f"case_{name}"))
+    text = graph_lowering.lower(fx_to_json(gm, f"case_{name}"))
     got = graph_lowering.run_reference(text, [t.contiguous().numpy() for t in inputs])
     assert len(got) == len(want)
     for i, (r, w) in enumerate(zip(got, want)):
@@ -244,7 +245,7 @@ def test_the_cases_cover_the_table():
     called = set()
     for name, (fn, inputs) in CASES.items():
         gm = make_fx(fn)(*inputs)
-        called |= {n["op"] for n in trace_gpt_block.graph_to_json(gm, name)["nodes"]}
+        called |= {n["op"] for n in fx_to_json(gm, name)["nodes"]}
     for f in ("gpt_block_fwd.json", "gpt_block_bwd.json"):
         called |= {n["op"] for n in json.loads((trace_gpt_block.DEFAULT_OUT / f).read_text())["nodes"]}
     table = set(subprocess.run(

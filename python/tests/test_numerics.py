@@ -32,6 +32,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import tpu_kernels as tk  # noqa: E402
+from tpu_kernels.torch._references import ACTIVATIONS  # noqa: E402
 from tpu_kernels.testing import (  # noqa: E402
     TOLERANCES,
     assert_close_to_reference,
@@ -94,15 +95,6 @@ ELEMENTWISE_SHAPES = [(3, 7, 33), (1, 5), (4, 1), (8, 128), (1,)]
 NORM_SHAPES = [(3, 7, 33), (1, 5), (4, 1), (8, 128), (2, 3, 1)]
 SOFTMAX_SHAPES = [((3, 7, 33), -1), ((3, 7, 33), 1), ((1, 5), -1), ((4, 1), -1), ((8, 128), 0)]
 MATMUL_SHAPES = [(7, 33, 5), (1, 5, 1), (4, 1, 3), (16, 128, 64)]  # (M, K, N)
-ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
-
-_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "none": lambda y: y,
-    "relu": torch.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
-    "silu": F.silu,
-}
 
 
 def rms_norm_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -299,9 +291,9 @@ def _matmul_cases() -> list[Case]:
                     "tpuk::matmul_bias_act.default",
                     f"{m}x{k}x{n}-{act}",
                     make,
-                    ref=lambda x, w, b, act=act: _ACT[act](x @ w + b),
+                    ref=lambda x, w, b, act=act: ACTIVATIONS[act](x @ w + b),
                     # Eager in the tested dtype: matmul, add and activation each round.
-                    eager=lambda x, w, b, act=act: _ACT[act](x @ w + b),
+                    eager=lambda x, w, b, act=act: ACTIVATIONS[act](x @ w + b),
                     statics={"activation": act},
                 )
             )
@@ -316,8 +308,8 @@ def _matmul_cases() -> list[Case]:
                     "tpuk::matmul_act.default",
                     f"{m}x{k}x{n}-{act}",
                     make_nobias,
-                    ref=lambda x, w, act=act: _ACT[act](x @ w),
-                    eager=lambda x, w, act=act: _ACT[act](x @ w),
+                    ref=lambda x, w, act=act: ACTIVATIONS[act](x @ w),
+                    eager=lambda x, w, act=act: ACTIVATIONS[act](x @ w),
                     statics={"activation": act},
                 )
             )

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import operator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tpu_kernels.torch.graph import DTYPES, Unencodable, encode_arg
-
-FORMAT_VERSION = 1
+from tpu_kernels.torch.backend import core_decompositions
+from tpu_kernels.torch.graph import fx_to_json
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "registry" / "tests" / "data" / "graphs"
 
 BATCH, SEQ, DIM, HEADS, VOCAB, HIDDEN = 2, 8, 32, 2, 64, 64
@@ -76,20 +73,7 @@ class Captured:
     outputs: list[torch.Tensor | None] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return graph_to_json(self.gm, self.name)
-
-
-def decompositions() -> dict:
-    from torch._decomp import core_aten_decompositions
-
-    table = dict(core_aten_decompositions())
-    for op in (
-        torch.ops.aten.scaled_dot_product_attention.default,
-        torch.ops.aten._scaled_dot_product_attention_math.default,
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
-    ):
-        table.pop(op, None)
-    return table
+        return fx_to_json(self.gm, self.name)
 
 
 def trace(seed: int = 0) -> tuple[Captured, Captured, torch.Tensor]:
@@ -123,7 +107,7 @@ def trace(seed: int = 0) -> tuple[Captured, Captured, torch.Tensor]:
     backend = aot_autograd(
         fw_compiler=compiler("gpt_block_fwd"),
         bw_compiler=compiler("gpt_block_bwd"),
-        decompositions=decompositions(),
+        decompositions=core_decompositions(),
     )
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend, fullgraph=True)
@@ -131,89 +115,6 @@ def trace(seed: int = 0) -> tuple[Captured, Captured, torch.Tensor]:
     loss.backward()
     eager = model(tokens, targets)
     return captured["gpt_block_fwd"], captured["gpt_block_bwd"], eager.detach()
-
-
-# ----- FX graph to JSON -----
-
-
-def op_key(target) -> str:
-    """`aten::mm.default`: the schema name, a dot, the overload name (`default` when empty)."""
-    schema = target._schema
-    return f"{schema.name}.{schema.overload_name or 'default'}"
-
-
-def short_type(val) -> str:
-    if not isinstance(val, torch.Tensor):
-        raise TypeError(f"expected a tensor in node metadata, got {type(val).__name__}")
-    dtype = DTYPES.get(val.dtype)
-    if dtype is None:
-        raise TypeError(f"dtype {val.dtype} has no tpu-kernels spelling")
-    return f"{dtype}[{','.join(str(int(d)) for d in val.shape)}]"
-
-
-class _Refs:
-    """FX node -> tensor reference; `getitem` nodes become (node, output) references."""
-
-    def __init__(self) -> None:
-        self.refs: dict[torch.fx.Node, dict] = {}
-
-    def ref(self, node: torch.fx.Node) -> dict:
-        if node not in self.refs:
-            raise ValueError(f"node `{node.name}` is used before it is defined")
-        return self.refs[node]
-
-
-def _arg(a, refs: _Refs, where: str):
-    """One argument in the graph format, with the package's own encoder (one spelling of the
-    format for the tracer and the `torch.compile` backend)."""
-
-    def ref(x):
-        return refs.ref(x) if isinstance(x, torch.fx.Node) else None
-
-    try:
-        return encode_arg(a, ref)
-    except Unencodable as e:
-        raise TypeError(f"{where}: {e}") from None
-
-
-def graph_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
-    refs = _Refs()
-    inputs, nodes, outputs = [], [], []
-    for node in gm.graph.nodes:
-        if node.op == "placeholder":
-            inputs.append({"name": node.name, "type": short_type(node.meta["val"])})
-            refs.refs[node] = {"node": node.name}
-        elif node.op == "call_function" and node.target is operator.getitem:
-            src, index = node.args
-            base = refs.ref(src)
-            refs.refs[node] = {"node": base["node"], **({"output": index} if index else {})}
-        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            where = f"node `{node.name}` ({op_key(node.target)})"
-            val = node.meta["val"]
-            vals = list(val) if isinstance(val, (tuple, list)) else [val]
-            schema = node.target._schema
-            nodes.append(
-                {
-                    "name": node.name,
-                    "op": op_key(node.target),
-                    "args": [_arg(a, refs, where) for a in node.args],
-                    **(
-                        {"kwargs": {k: _arg(v, refs, where) for k, v in sorted(node.kwargs.items())}}
-                        if node.kwargs
-                        else {}
-                    ),
-                    "arg_names": [a.name for a in schema.arguments],
-                    "outputs": [short_type(v) for v in vals],
-                }
-            )
-            refs.refs[node] = {"node": node.name}
-        elif node.op == "output":
-            (result,) = node.args
-            for r in result if isinstance(result, (list, tuple)) else [result]:
-                outputs.append(None if r is None else refs.ref(r))
-        else:
-            raise TypeError(f"node `{node.name}`: unsupported FX node {node.op} {node.target}")
-    return {"version": FORMAT_VERSION, "name": name, "inputs": inputs, "nodes": nodes, "outputs": outputs}
 
 
 def op_set(*graphs: dict) -> list[str]:

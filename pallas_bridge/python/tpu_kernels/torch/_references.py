@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+# The epilogues of `tpuk::matmul_act` / `tpuk::matmul_bias_act`, by their `act` static.
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "none": lambda y: y,
     "relu": torch.relu,
     "gelu": F.gelu,
@@ -30,9 +31,9 @@ def _up(t: torch.Tensor) -> torch.Tensor:
 
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     try:
-        return _ACTIVATIONS[name]
+        return ACTIVATIONS[name]
     except KeyError:
-        raise ValueError(f"unknown activation `{name}` (known: {', '.join(_ACTIVATIONS)})") from None
+        raise ValueError(f"unknown activation `{name}` (known: {', '.join(ACTIVATIONS)})") from None
 
 
 def rms_norm(x, weight, eps=1e-6):

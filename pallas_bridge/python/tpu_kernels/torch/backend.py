@@ -28,25 +28,32 @@ from .graph import Unencodable, dumps, fill_masked_outputs, fx_to_json
 _MAX_SPLITS = 8
 
 
-def decompositions() -> dict:
-    """Core ATen decompositions, minus the SDPA entries and minus every op a registered kernel
-    binds (so the kernel, not its decomposition, reaches the graph)."""
+def core_decompositions() -> dict:
+    """Core ATen decompositions minus the scaled-dot-product entries: with them, SDPA gradients
+    are silently wrong while training."""
     from torch._decomp import core_aten_decompositions
 
-    from ._bindings import TABLE, resolve_overload
-
     table = dict(core_aten_decompositions())
-    TABLE.refresh()
-    for key in TABLE.by_op:
-        func = resolve_overload(key)
-        if func is not None:
-            table.pop(func, None)
     for op in (
         torch.ops.aten.scaled_dot_product_attention.default,
         torch.ops.aten._scaled_dot_product_attention_math.default,
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
     ):
         table.pop(op, None)
+    return table
+
+
+def decompositions() -> dict:
+    """:func:`core_decompositions` minus every op a registered kernel binds (so the kernel, not
+    its decomposition, reaches the graph)."""
+    from ._bindings import TABLE, resolve_overload
+
+    table = core_decompositions()
+    TABLE.refresh()
+    for key in TABLE.by_op:
+        func = resolve_overload(key)
+        if func is not None:
+            table.pop(func, None)
     return table
 
 
