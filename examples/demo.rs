@@ -11,11 +11,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use tpu_kernels::registration::StaticValue;
 use tpu_kernels::{DType, TensorType};
 use tpu_kernels_registry::cache::{CacheConfig, CompileCache};
 use tpu_kernels_registry::check;
+use tpu_kernels_registry::numerics::{self, Tolerance};
 use tpu_kernels_registry::pjrt::{Client, ClientOptions, Plugin, Topology};
 use tpu_kernels_registry::{Dispatcher, HostTensor, Registry};
 
@@ -134,10 +135,11 @@ fn main() -> Result<()> {
         );
     }
     let want = reference(&x, &g, &w, &b);
-    let max_err =
-        result.iter().zip(&want).map(|(g, w)| (f64::from(*g) - w).abs()).fold(0.0, f64::max);
+    // NaN-aware: a NaN or an infinity in the result is an infinite error, never a pass.
+    let max_err = numerics::max_abs_error(&result, &want);
     println!("  output f32[16,128], max |error| vs f64 reference: {max_err:.2e}");
-    ensure!(max_err < 1e-5, "the block's result is off by {max_err}");
+    numerics::check_close(&result, &want, Tolerance::abs(1e-5))
+        .context("the block's result is off the f64 reference")?;
 
     println!("\n== a fallback ==");
     let ints = TensorType::new(DType::I32, [4]);

@@ -24,6 +24,10 @@ pub enum ErrorKind {
     Symbol,
     /// The finished function failed verification.
     Verify,
+    /// A kernel body refuses a call it does not take (a case its guards cannot express, such
+    /// as a `half_to_float` softmax backward): not a bug, so a dispatcher counts the call as
+    /// declined rather than as a kernel's failure.
+    Unsupported,
 }
 
 /// A rejected builder call: names the kernel, the op and the types involved.

@@ -283,7 +283,7 @@ fn epilogue<'b>(kernel: &str, y: Tensor<'b>, activation: &str) -> Result<Tensor<
             return Err(BuildError {
                 kernel: kernel.to_owned(),
                 op: "epilogue",
-                kind: crate::ErrorKind::DType,
+                kind: crate::ErrorKind::Unsupported,
                 message: format!(
                     "unknown activation `{other}` (known: {})",
                     ACTIVATIONS.join(", ")
@@ -318,7 +318,7 @@ pub fn matmul_act(x: Tensor, weight: Tensor, activation: &str) -> Result<Tensor,
 
 /// A build error of a kernel body, for a shape the guards cannot express.
 fn shape_error(kernel: &str, op: &'static str, message: String) -> BuildError {
-    BuildError { kernel: kernel.to_owned(), op, kind: crate::ErrorKind::Shape, message }
+    BuildError { kernel: kernel.to_owned(), op, kind: crate::ErrorKind::Unsupported, message }
 }
 
 /// SwiGLU: `silu(gate) * up`, elementwise over tensors of one shape.
@@ -433,7 +433,7 @@ pub fn cross_entropy_backward(
         return Err(BuildError {
             kernel: KERNEL.to_owned(),
             op: KERNEL,
-            kind: crate::ErrorKind::DType,
+            kind: crate::ErrorKind::Unsupported,
             message: format!(
                 "grad {} and logits {} differ in element type",
                 grad.ty(),
@@ -504,7 +504,7 @@ pub fn rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Result<Tensor, BuildError>
 
 /// A build error for a tensor whose element type differs from the first input's.
 fn dtype_error(kernel: &str, message: String) -> BuildError {
-    BuildError { kernel: kernel.to_owned(), op: "dtype", kind: crate::ErrorKind::DType, message }
+    BuildError { kernel: kernel.to_owned(), op: "dtype", kind: crate::ErrorKind::Unsupported, message }
 }
 
 /// `1 - beta^step` for an f32 `step` tensor, accurate for `beta` near 1.
@@ -639,7 +639,7 @@ pub fn dropout(x: Tensor, seed: Tensor, p: f64) -> Result<(Tensor, Tensor), Buil
         return Err(BuildError {
             kernel: KERNEL.to_owned(),
             op: KERNEL,
-            kind: crate::ErrorKind::Shape,
+            kind: crate::ErrorKind::Unsupported,
             message,
         });
     }

@@ -18,7 +18,7 @@ use tpu_kernels::registration::{KernelSignature, StaticValue};
 use tpu_kernels_registry::dispatch::{OpStats, upload};
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program};
 use tpu_kernels_registry::{
-    CallMeta, DispatchError, Dispatcher, Kernel, KernelSource, normalize_op,
+    CallMeta, DispatchError, Dispatcher, Kernel, KernelSource, fault, normalize_op,
 };
 
 use crate::errors::{raise, raise_with};
@@ -33,7 +33,7 @@ type SpecialKey = (String, String, Vec<TensorType>, Vec<(String, String)>);
 #[derive(Debug)]
 pub struct PyDispatcher {
     inner: Dispatcher,
-    strict: bool,
+    no_fallback: bool,
     /// Specialised executables of generic kernels, by (kernel, fingerprint, inputs, statics).
     special: Mutex<HashMap<SpecialKey, Arc<LoadedExecutable>>>,
     /// Counters of the specialised path, merged into [`PyDispatcher::stats`].
@@ -48,10 +48,10 @@ struct Failure {
     message: String,
 }
 
-fn fallback_error(py: Python<'_>, op: &str, f: &Failure, strict: bool) -> PyErr {
+fn fallback_error(py: Python<'_>, op: &str, f: &Failure, no_fallback: bool) -> PyErr {
     let text = format!(
         "{}`{op}` falls back{}: {}",
-        if strict { "strict dispatch: " } else { "" },
+        if no_fallback { "fallback forbidden: " } else { "" },
         f.kernel.as_ref().map(|k| format!(" from kernel `{k}`")).unwrap_or_default(),
         f.message
     );
@@ -76,7 +76,7 @@ impl PyDispatcher {
             *s.fallbacks.entry(failure.category).or_default() += 1;
             s.last_fallback = Some(failure.message.clone());
         });
-        fallback_error(py, op, &failure, self.strict)
+        fallback_error(py, op, &failure, self.no_fallback)
     }
 
     /// The specialised path of a generic kernel.
@@ -97,9 +97,12 @@ impl PyDispatcher {
                 return Err(self.fail(py, op, failure("bad_input", format!("bad input: {m}"))));
             }
         };
+        // Under another set of injected faults (tests only), another executable.
         let fingerprint = match &kernel.source {
-            KernelSource::Imported { fingerprint, .. } => fingerprint.clone(),
-            KernelSource::Built => String::new(),
+            KernelSource::Imported { fingerprint, .. } => {
+                format!("{fingerprint}#{}", fault::generation())
+            }
+            KernelSource::Built => format!("#{}", fault::generation()),
         };
         let key: SpecialKey = (
             name.clone(),
@@ -131,6 +134,10 @@ impl PyDispatcher {
                         let m = format!("specialisation failed: {e}");
                         return Err(self.fail(py, op, failure("build", m)));
                     }
+                };
+                let text = match fault::corrupt_text(&name, &sig.inputs, &text) {
+                    Ok(t) => t,
+                    Err(m) => return Err(self.fail(py, op, failure("build", m))),
                 };
                 let program = Program::text(text);
                 let compiled = py.detach(|| {
@@ -170,6 +177,9 @@ impl PyDispatcher {
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let refs: Vec<&Buffer> = buffers.iter().collect();
+            if let Some(m) = fault::kernel_run(&name) {
+                return Err(format!("execute failed: {m}"));
+            }
             executable.execute(&refs).map_err(|e| format!("execute failed: {e}"))
         });
         self.special_kernel_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -199,18 +209,19 @@ fn op_stats<'py>(py: Python<'py>, s: &OpStats) -> PyResult<Bound<'py, PyDict>> {
 
 #[pymethods]
 impl PyDispatcher {
-    /// A dispatcher on the shared PJRT CPU client and compile cache. With `strict`, the errors
-    /// it raises say so (the Python layer then does not run the original op).
+    /// A dispatcher on the shared PJRT CPU client and compile cache. With `no_fallback`, a call
+    /// that runs no kernel raises `FallbackError` saying the fallback is forbidden, and
+    /// `tpu_kernels.dispatch` raises it too instead of running the original op.
     #[new]
-    #[pyo3(signature = (*, strict = false))]
-    fn new(py: Python<'_>, strict: bool) -> PyResult<PyDispatcher> {
+    #[pyo3(signature = (*, no_fallback = false))]
+    fn new(py: Python<'_>, no_fallback: bool) -> PyResult<PyDispatcher> {
         let client = cpu_client(py)?;
         let inner = Dispatcher::new(global(py)?, client, cache())
             .map_err(|e| raise(py, "RuntimeUnavailableError", e.to_string()))?
-            .strict(strict);
+            .no_fallback(no_fallback);
         Ok(PyDispatcher {
             inner,
-            strict,
+            no_fallback,
             special: Mutex::new(HashMap::new()),
             special_stats: Mutex::new(BTreeMap::new()),
             special_kernel_nanos: AtomicU64::new(0),
@@ -224,9 +235,10 @@ impl PyDispatcher {
         self.inner.platform().name()
     }
 
+    /// Whether fallbacks are errors.
     #[getter]
-    fn strict(&self) -> bool {
-        self.strict
+    fn no_fallback(&self) -> bool {
+        self.no_fallback
     }
 
     /// Runs `op` on `inputs` (objects with `__dlpack__`) with `statics` through the selected
@@ -259,7 +271,7 @@ impl PyDispatcher {
                 match result {
                     Ok(b) => b,
                     Err(e) => {
-                        let (DispatchError::Fallback(f) | DispatchError::Strict(f)) = e.as_ref()
+                        let (DispatchError::Fallback(f) | DispatchError::Forbidden(f)) = e.as_ref()
                         else {
                             return Err(raise(py, "FallbackError", e.to_string()));
                         };
@@ -268,7 +280,7 @@ impl PyDispatcher {
                             category: f.reason.category(),
                             message: f.reason.to_string(),
                         };
-                        return Err(fallback_error(py, &op, &failure, self.strict));
+                        return Err(fallback_error(py, &op, &failure, self.no_fallback));
                     }
                 }
             }
@@ -315,6 +327,10 @@ impl PyDispatcher {
     }
 
     fn __repr__(&self) -> String {
-        format!("Dispatcher(platform={:?}, strict={})", self.inner.platform().name(), self.strict)
+        format!(
+            "Dispatcher(platform={:?}, no_fallback={})",
+            self.inner.platform().name(),
+            self.no_fallback
+        )
     }
 }

@@ -29,3 +29,24 @@ pub fn raise(py: Python<'_>, name: &str, message: impl Into<String>) -> PyErr {
         Err(e) => e,
     }
 }
+
+/// Whether an error in a kernel or in this project's code (a build, compile, lowering or
+/// execute failure, a bug in the binding code) raises `InternalError` rather than falling back
+/// to PyTorch. Off unless `TPUK_ON_ERROR=raise` is set or `tpu_kernels.set_error_policy`
+/// turns it on.
+pub fn raise_errors() -> bool {
+    raise_flag().load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Sets [`raise_errors`]; returns the previous setting.
+pub fn set_raise_errors(on: bool) -> bool {
+    raise_flag().swap(on, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn raise_flag() -> &'static std::sync::atomic::AtomicBool {
+    static FLAG: std::sync::OnceLock<std::sync::atomic::AtomicBool> = std::sync::OnceLock::new();
+    FLAG.get_or_init(|| {
+        let on = std::env::var("TPUK_ON_ERROR").is_ok_and(|v| v.trim() == "raise");
+        std::sync::atomic::AtomicBool::new(on)
+    })
+}

@@ -185,8 +185,14 @@ impl StrictDispatch {
                     .collect::<PyResult<Vec<_>>>()?;
                 Ok(Some(PyTuple::new(py, outs)?.into_any()))
             }
+            // An error in a kernel or in our code, which the policy says to raise (counted).
+            Err(DispatchError::Fallback(f) | DispatchError::Forbidden(f))
+                if f.reason.is_error() && crate::errors::raise_errors() =>
+            {
+                Err(crate::errors::raise(py, "InternalError", f.to_string()))
+            }
             // Counted by the dispatcher: run the op as usual.
-            Err(DispatchError::Fallback(_) | DispatchError::Strict(_)) => {
+            Err(DispatchError::Fallback(_) | DispatchError::Forbidden(_)) => {
                 func.call(args, kwargs).map(Some)
             }
             Err(_) => Ok(None),

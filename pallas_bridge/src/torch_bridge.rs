@@ -31,7 +31,7 @@ use tpu_kernels_registry::dispatch::{dtype_of, upload_input};
 use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall};
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program};
 use tpu_kernels_registry::{
-    CallMeta, DispatchError, Dispatcher, HostTensor, Index, Registry, normalize_op,
+    CallMeta, DispatchError, Dispatcher, HostTensor, Index, Registry, fault, normalize_op,
 };
 
 /// Counters of the graph path.
@@ -44,6 +44,8 @@ struct GraphStats {
     lower_errors: u64,
     /// Kernel name -> how many graph programs inlined it.
     kernels: BTreeMap<String, u64>,
+    /// Kernel name -> how many times it ran inside a program run (once per inlined call).
+    kernels_run: BTreeMap<String, u64>,
 }
 
 /// The process-wide runtime of the bridge: one PJRT CPU client, its dispatcher and the
@@ -306,7 +308,7 @@ fn call<'py>(
                 .into_pyobject(py)?
                 .into_any())
         }
-        Err(DispatchError::Fallback(f) | DispatchError::Strict(f)) => {
+        Err(DispatchError::Fallback(f) | DispatchError::Forbidden(f)) => {
             let message = f.to_string();
             Ok((f.kernel, f.reason.category(), message).into_pyobject(py)?.into_any())
         }
@@ -430,6 +432,12 @@ impl GraphProgram {
             buffers.push(buffer);
         }
         let refs: Vec<&Buffer> = buffers.iter().map(|b| &**b).collect();
+        if let Some(m) = fault::program_run(&p.name, &p.kernels) {
+            return Err(PyRuntimeError::new_err(format!(
+                "graph `{}`: execute failed: {m}",
+                p.name
+            )));
+        }
         let outputs = p.executable.execute(&refs).map_err(|e| {
             PyRuntimeError::new_err(format!("graph `{}`: execute failed: {e}", p.name))
         })?;
@@ -437,6 +445,14 @@ impl GraphProgram {
         if let Ok(mut s) = rt.graph_stats.lock() {
             s.runs += 1;
             s.run_nanos += start.elapsed().as_nanos() as u64;
+            for k in &p.kernels {
+                match s.kernels_run.get_mut(k) {
+                    Some(n) => *n += 1,
+                    None => {
+                        s.kernels_run.insert(k.clone(), 1);
+                    }
+                }
+            }
         }
         Ok(exported)
     }
@@ -497,11 +513,9 @@ fn compile_inner(
 #[pyo3(signature = (json, refused = Vec::new()))]
 fn compile_graph(py: Python<'_>, json: &str, refused: Vec<String>) -> PyResult<GraphProgram> {
     let rt = runtime(py)?;
-    let memo_key = if refused.is_empty() {
-        json.to_owned()
-    } else {
-        format!("{json}\nrefused:{}", refused.join(","))
-    };
+    // Injected faults (tests only) change what a graph lowers to: their generation is part of
+    // the key.
+    let memo_key = format!("{json}\nrefused:{}\nfaults:{}", refused.join(","), fault::generation());
     if let Some(p) = rt.programs.lock().ok().and_then(|m| m.get(&memo_key).cloned()) {
         if let Ok(mut s) = rt.graph_stats.lock() {
             s.memo_hits += 1;
@@ -670,6 +684,7 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         g.set_item("run_time_s", gs.run_nanos as f64 * 1e-9)?;
         g.set_item("lower_errors", gs.lower_errors)?;
         g.set_item("kernels", gs.kernels.clone())?;
+        g.set_item("kernels_run", gs.kernels_run.clone())?;
     }
     d.set_item("graphs", g)?;
     Ok(d)
@@ -700,6 +715,49 @@ fn registry_generation(py: Python<'_>) -> PyResult<(usize, usize)> {
     Ok((Arc::as_ptr(&index) as usize, index.len()))
 }
 
+/// Replaces the injected faults (tests only; see `tpu_kernels.testing.inject_fault`): each is
+/// `nan:KERNEL`, `offset:KERNEL`, `lower`, `run` or `run:KERNEL`. Nothing changes when one of
+/// them does not parse (`ValueError` naming it).
+#[pyfunction]
+fn set_faults(specs: Vec<String>) -> PyResult<()> {
+    let faults = specs
+        .iter()
+        .map(|s| fault::Fault::parse(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(PyValueError::new_err)?;
+    fault::set(faults);
+    Ok(())
+}
+
+/// The injected faults, as `set_faults` spells them.
+#[pyfunction]
+fn faults() -> Vec<String> {
+    fault::current()
+        .into_iter()
+        .map(|f| match f {
+            fault::Fault::Nan { kernel } => format!("nan:{kernel}"),
+            fault::Fault::Offset { kernel } => format!("offset:{kernel}"),
+            fault::Fault::LowerError => "lower".to_owned(),
+            fault::Fault::RunError { kernel: Some(k) } => format!("run:{k}"),
+            fault::Fault::RunError { kernel: None } => "run".to_owned(),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
+/// Sets whether an error in a kernel or in this project's code raises
+/// (`tpu_kernels.set_error_policy`); returns the previous setting.
+#[pyfunction]
+fn set_raise_errors(on: bool) -> bool {
+    crate::errors::set_raise_errors(on)
+}
+
+/// Whether an error in a kernel or in this project's code raises rather than falls back.
+#[pyfunction]
+fn raise_errors() -> bool {
+    crate::errors::raise_errors()
+}
+
 /// Adds the `torch_bridge` submodule to the extension module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
@@ -713,6 +771,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sub.add_function(wrap_pyfunction!(stats, &sub)?)?;
     sub.add_function(wrap_pyfunction!(next_fallback_seq, &sub)?)?;
     sub.add_function(wrap_pyfunction!(registry_generation, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(set_faults, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(faults, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(set_raise_errors, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(raise_errors, &sub)?)?;
     sub.add_class::<GraphProgram>()?;
     sub.add_class::<crate::strict_mode::StrictDispatch>()?;
     m.add_submodule(&sub)?;

@@ -4,8 +4,8 @@
 //! specialises, compiles (through the [`CompileCache`]) and remembers the executable; later calls
 //! with the same metadata go straight to upload, execute, done. Any kernel-side failure (no
 //! kernel, a build, compile or execute error, bad host data) becomes a [`Fallback`] with a
-//! reason, counted per op; the caller then runs the original op. With `strict` set, fallbacks
-//! are errors instead.
+//! reason, counted per op; the caller then runs the original op. With [`Dispatcher::no_fallback`]
+//! set, fallbacks are errors instead.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -109,10 +109,25 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
-    /// A short category for counters: `no_kernel`, `build`, `compile`, `execute`, `bad_input`.
+    /// Whether this is an error in a kernel or in this project's code (a build, compile or
+    /// execute failure), as opposed to no kernel taking the call (`no_kernel`, `bad_input`).
+    /// A kernel body's own refusal ([`tpu_kernels::ErrorKind::Unsupported`]) is no error.
+    pub fn is_error(&self) -> bool {
+        match self {
+            FallbackReason::Build(b) => b.kind != tpu_kernels::ErrorKind::Unsupported,
+            FallbackReason::Compile(_) | FallbackReason::Execute(_) => true,
+            _ => false,
+        }
+    }
+
+    /// A short category for counters: `no_kernel`, `unsupported` (the kernel body refused the
+    /// call), `bad_input` (no kernel takes it), `build`, `compile`, `execute` (errors).
     pub fn category(&self) -> &'static str {
         match self {
             FallbackReason::NoKernel(_) => "no_kernel",
+            FallbackReason::Build(b) if b.kind == tpu_kernels::ErrorKind::Unsupported => {
+                "unsupported"
+            }
             FallbackReason::Build(_) => "build",
             FallbackReason::Compile(_) => "compile",
             FallbackReason::Execute(_) => "execute",
@@ -163,15 +178,15 @@ pub enum DispatchError {
     /// No kernel ran; run the original op.
     #[error(transparent)]
     Fallback(Fallback),
-    /// Strict mode: the fallback is an error.
-    #[error("strict dispatch: {0}")]
-    Strict(Fallback),
+    /// [`Dispatcher::no_fallback`] is set: the fallback is an error.
+    #[error("fallback forbidden: {0}")]
+    Forbidden(Fallback),
 }
 
 impl DispatchError {
     pub fn fallback(&self) -> &Fallback {
         match self {
-            DispatchError::Fallback(f) | DispatchError::Strict(f) => f,
+            DispatchError::Fallback(f) | DispatchError::Forbidden(f) => f,
         }
     }
 }
@@ -278,6 +293,13 @@ struct Prepared {
     executable: Arc<LoadedExecutable>,
 }
 
+/// The platform kernels are selected for on a client that reports `name`; an error naming it
+/// when kernels are selected for no such platform (never a silent CPU).
+fn client_platform(name: &str) -> Result<Platform, pjrt::Error> {
+    platform_from_name(name)
+        .ok_or_else(|| pjrt::Error::UnknownPlatform { platform: name.to_owned() })
+}
+
 /// The next tick of a process-wide clock that orders fallback records: every dispatcher's and
 /// any other recorder's (the Python dispatch modes record theirs on it too), so the latest
 /// fallback of an op can be told whoever recorded it.
@@ -331,23 +353,25 @@ pub struct Dispatcher {
     options: CompileOptions,
     /// Prepared calls by [`CallKey::hash_of`]; each bucket is searched with [`CallKey::matches`].
     memo: RwLock<HashMap<u64, MemoBucket>>,
-    /// Index generation the memo was filled under; a registry change clears it.
+    /// Index and fault generations the memo was filled under; a change of either clears it.
     memo_index: AtomicUsize,
+    memo_faults: AtomicUsize,
     views: pjrt::ViewCache,
     stats: Mutex<BTreeMap<String, OpStats>>,
     kernel_nanos: AtomicU64,
     prepare_nanos: AtomicU64,
-    strict: bool,
+    no_fallback: bool,
 }
 
 impl Dispatcher {
-    /// A dispatcher over `client` using the process registry and `cache`.
+    /// A dispatcher over `client` using the process registry and `cache`. A client whose
+    /// platform kernels are not selected for is an error naming it.
     pub fn new(
         registry: &'static Registry,
         client: Client,
         cache: Arc<CompileCache>,
     ) -> Result<Dispatcher, pjrt::Error> {
-        let platform = platform_from_name(client.platform()).unwrap_or(Platform::Cpu);
+        let platform = client_platform(client.platform())?;
         Ok(Dispatcher {
             registry,
             client,
@@ -356,18 +380,25 @@ impl Dispatcher {
             options: CompileOptions::new(),
             memo: RwLock::new(HashMap::new()),
             memo_index: AtomicUsize::new(0),
+            memo_faults: AtomicUsize::new(crate::fault::generation()),
             views: pjrt::ViewCache::default(),
             stats: Mutex::new(BTreeMap::new()),
             kernel_nanos: AtomicU64::new(0),
             prepare_nanos: AtomicU64::new(0),
-            strict: false,
+            no_fallback: false,
         })
     }
 
-    /// Fallbacks become [`DispatchError::Strict`].
-    pub fn strict(mut self, strict: bool) -> Dispatcher {
-        self.strict = strict;
+    /// With `no_fallback`, a call that runs no kernel is a [`DispatchError::Forbidden`] rather
+    /// than a [`DispatchError::Fallback`] (it is counted the same way).
+    pub fn no_fallback(mut self, no_fallback: bool) -> Dispatcher {
+        self.no_fallback = no_fallback;
         self
+    }
+
+    /// Whether fallbacks are errors (see [`Dispatcher::no_fallback`]).
+    pub fn forbids_fallback(&self) -> bool {
+        self.no_fallback
     }
 
     pub fn client(&self) -> &Client {
@@ -439,6 +470,9 @@ impl Dispatcher {
             held.push(input);
         }
         let refs: Vec<&Buffer> = held.iter().map(|b| &**b).collect();
+        if let Some(message) = crate::fault::kernel_run(prepared.kernel.name()) {
+            return Err(FallbackReason::Execute(message));
+        }
         prepared.executable.execute(&refs).map_err(|e| FallbackReason::Execute(e.to_string()))
     }
 
@@ -503,7 +537,10 @@ impl Dispatcher {
 
     fn invalidate_if_registry_changed(&self) {
         let generation = self.registry.generation();
-        if self.memo_index.swap(generation, Ordering::AcqRel) != generation
+        let faults = crate::fault::generation();
+        let index_changed = self.memo_index.swap(generation, Ordering::AcqRel) != generation;
+        let faults_changed = self.memo_faults.swap(faults, Ordering::AcqRel) != faults;
+        if (index_changed || faults_changed)
             && let Ok(mut memo) = self.memo.write()
         {
             memo.clear();
@@ -519,8 +556,8 @@ impl Dispatcher {
             s.last_fallback = Some(message);
             s.last_fallback_seq = next_fallback_seq();
         });
-        if self.strict {
-            DispatchError::Strict(fallback)
+        if self.no_fallback {
+            DispatchError::Forbidden(fallback)
         } else {
             DispatchError::Fallback(fallback)
         }
@@ -568,8 +605,12 @@ impl Dispatcher {
         }
         let buffers = upload_all(&self.client, inputs).map_err(GraphRunError::BadInput)?;
         let refs: Vec<&Buffer> = buffers.iter().map(|b| &**b).collect();
-        let out =
-            cached.executable.execute(&refs).map_err(|e| GraphRunError::Execute(e.to_string()));
+        let out = match crate::fault::program_run(&graph.name, &[]) {
+            Some(message) => Err(GraphRunError::Execute(message)),
+            None => {
+                cached.executable.execute(&refs).map_err(|e| GraphRunError::Execute(e.to_string()))
+            }
+        };
         self.kernel_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
         out
     }
@@ -589,5 +630,19 @@ impl Dispatcher {
             kernel_time: Duration::from_nanos(self.kernel_nanos.load(Ordering::Relaxed)),
             prepare_time: Duration::from_nanos(self.prepare_nanos.load(Ordering::Relaxed)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_client_platform_is_an_error_naming_it() {
+        assert_eq!(client_platform("cpu").unwrap(), Platform::Cpu);
+        assert_eq!(client_platform("Host").unwrap(), Platform::Cpu);
+        assert_eq!(client_platform("tpu").unwrap(), Platform::Tpu);
+        let e = client_platform("rocm").unwrap_err().to_string();
+        assert!(e.contains("`rocm`") && e.contains("not one kernels are selected for"), "{e}");
     }
 }

@@ -188,6 +188,21 @@ impl Kernel {
         sig: &KernelSignature,
         platform: Platform,
     ) -> Result<ModuleText, RegistryError> {
+        let module = self.own_module_text(sig, platform)?;
+        if !crate::fault::corrupts(self.name()) {
+            return Ok(module);
+        }
+        let text = crate::fault::corrupt_text(self.name(), &sig.inputs, &module.text).map_err(
+            |message| RegistryError::Specialise { kernel: self.name().to_owned(), message },
+        )?;
+        Ok(ModuleText { text: Arc::from(text), module: None })
+    }
+
+    fn own_module_text(
+        &self,
+        sig: &KernelSignature,
+        platform: Platform,
+    ) -> Result<ModuleText, RegistryError> {
         match &self.source {
             KernelSource::Built => {
                 let module = self.record.emit(sig).map_err(RegistryError::Build)?;

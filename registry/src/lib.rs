@@ -7,7 +7,9 @@ pub mod cache;
 pub mod check;
 pub mod dispatch;
 mod error;
+pub mod fault;
 pub mod index;
+pub mod numerics;
 pub mod pjrt;
 
 pub use dispatch::{

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use tpu_kernels::registration::{KernelRegistration, KernelSignature, Platform};
 use tpu_kernels::{BuildError, DType, Module, TensorType};
 use tpu_kernels_registry::cache::{CacheConfig, CompileCache};
+use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
 use tpu_kernels_registry::{CallMeta, Dispatcher, HostTensor, Kernel, KernelSource, Registry};
 
@@ -60,6 +61,12 @@ fn dispatch_from_eight_threads_while_kernels_come_and_go() {
                     let ty = TensorType::new(DType::F32, [16]);
                     let data: Vec<u8> =
                         (0..16).flat_map(|i| (i as f32 + t as f32).to_le_bytes()).collect();
+                    let want: Vec<f64> = (0..16)
+                        .map(|i| {
+                            let x = f64::from(i as f32 + t as f32);
+                            x / (1.0 + (-x).exp())
+                        })
+                        .collect();
                     let sig = KernelSignature { inputs: vec![ty.clone()], statics: vec![] };
                     let contiguous = [true];
                     let call =
@@ -71,8 +78,7 @@ fn dispatch_from_eight_threads_while_kernels_come_and_go() {
                             let input = [HostTensor { ty: &ty, data: &data, contiguous: true }];
                             let out = dispatcher.call("aten::silu", &input, &[]).expect("dispatch");
                             let v = out[0].to_vec::<f32>().unwrap();
-                            let x = t as f32;
-                            assert!((v[0] - x / (1.0 + (-x).exp())).abs() < 1e-5);
+                            assert_close("silu", &v, &want, Tolerance::new(1e-5, 1e-6));
                             executed.fetch_add(1, Ordering::Relaxed);
                         }
                     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tpu_kernels::registration::StaticValue;
 use tpu_kernels::{DType, TensorType};
 use tpu_kernels_registry::cache::{CacheConfig, CompileCache};
+use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
 use tpu_kernels_registry::{DispatchError, Dispatcher, FallbackReason, HostTensor, Registry};
 
@@ -46,11 +47,6 @@ fn run(
     out.iter().map(|b| b.to_vec::<f32>().expect("f32 output")).collect()
 }
 
-fn max_err(got: &[f32], want: &[f64]) -> f64 {
-    assert_eq!(got.len(), want.len());
-    got.iter().zip(want).map(|(g, w)| (f64::from(*g) - w).abs()).fold(0.0, f64::max)
-}
-
 fn f32_ty(dims: &[u64]) -> TensorType {
     TensorType::new(DType::F32, dims)
 }
@@ -71,10 +67,10 @@ fn elementwise_kernels_match_f64_references() {
                 * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh())
         })
         .collect();
-    assert!(max_err(&got[0], &want) < 1e-5, "gelu_tanh error {}", max_err(&got[0], &want));
+    assert_close("gelu_tanh", &got[0], &want, Tolerance::abs(1e-5));
     let got = run(&d, "aten::silu", &xs, &[]);
     let want: Vec<f64> = x.iter().map(|&v| f64::from(v) / (1.0 + (-f64::from(v)).exp())).collect();
-    assert!(max_err(&got[0], &want) < 1e-5, "silu error {}", max_err(&got[0], &want));
+    assert_close("silu", &got[0], &want, Tolerance::abs(1e-5));
 }
 
 #[test]
@@ -95,7 +91,7 @@ fn normalisation_and_softmax_match_f64_references() {
         let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
         want.extend(row.iter().zip(&w).map(|(v, w)| v / (ms + 1e-6).sqrt() * f64::from(*w)));
     }
-    assert!(max_err(&got[0], &want) < 1e-5, "rms_norm error {}", max_err(&got[0], &want));
+    assert_close("rms_norm", &got[0], &want, Tolerance::abs(1e-5));
 
     let got = run(
         &d,
@@ -110,7 +106,7 @@ fn normalisation_and_softmax_match_f64_references() {
         let s: f64 = row.iter().map(|v| (v - m).exp()).sum();
         want.extend(row.iter().map(|v| (v - m).exp() / s));
     }
-    assert!(max_err(&got[0], &want) < 1e-6, "softmax error {}", max_err(&got[0], &want));
+    assert_close("softmax", &got[0], &want, Tolerance::abs(1e-6));
 }
 
 #[test]
@@ -131,7 +127,7 @@ fn matmul_epilogue_matches_reference() {
             want[i * n + j] = (dot + f64::from(b[j])).max(0.0);
         }
     }
-    assert!(max_err(&got[0], &want) < 1e-4, "matmul error {}", max_err(&got[0], &want));
+    assert_close("matmul", &got[0], &want, Tolerance::abs(1e-4));
 }
 
 #[test]
@@ -181,14 +177,14 @@ fn fallbacks_carry_reasons_and_are_counted() {
 }
 
 #[test]
-fn strict_mode_turns_fallbacks_into_errors() {
+fn no_fallback_turns_fallbacks_into_errors() {
     let Some(client) = cpu_client_for_tests(1) else { return };
     let cache = Arc::new(CompileCache::new(CacheConfig::memory_only(8)));
-    let d = Dispatcher::new(Registry::global().unwrap(), client, cache).unwrap().strict(true);
+    let d = Dispatcher::new(Registry::global().unwrap(), client, cache).unwrap().no_fallback(true);
     let ty = f32_ty(&[2]);
     let data = bytes(&[1.0, 2.0]);
     let err = d.call("aten::nope", &[HostTensor { ty: &ty, data: &data, contiguous: true }], &[]);
-    assert!(matches!(err, Err(DispatchError::Strict(_))));
+    assert!(matches!(err, Err(DispatchError::Forbidden(_))));
 }
 
 #[test]
@@ -196,7 +192,7 @@ fn a_reused_input_address_reads_the_memory_as_it_is_at_each_call() {
     use tpu_kernels_registry::pjrt::AlignedHostBuffer;
     let Some(d) = dispatcher() else { return };
     let ty = f32_ty(&[16]);
-    let mut host = AlignedHostBuffer::<f32>::zeroed(16);
+    let mut host = AlignedHostBuffer::<f32>::zeroed(16).expect("16 floats");
     let silu = |v: f32| f64::from(v) / (1.0 + (-f64::from(v)).exp());
     for round in 0..3 {
         // The same page-aligned memory each round (so the same PJRT view of it), new values.
@@ -209,6 +205,6 @@ fn a_reused_input_address_reads_the_memory_as_it_is_at_each_call() {
         let input = [HostTensor { ty: &ty, data: bytes, contiguous: true }];
         let out = d.call("aten::silu", &input, &[]).unwrap()[0].to_vec::<f32>().unwrap();
         let want: Vec<f64> = values.iter().map(|v| silu(*v)).collect();
-        assert!(max_err(&out, &want) < 1e-5, "round {round}: {out:?}");
+        assert_close(&format!("silu round {round}"), &out, &want, Tolerance::abs(1e-5));
     }
 }

@@ -8,11 +8,11 @@ use std::process::Command;
 
 use common::{ADD_F32X4, compile};
 use tpu_kernels_registry::pjrt::testing::{
-    cpu_client_for_tests, cpu_plugin_for_tests, skip_loudly,
+    cpu_client_for_tests, cpu_plugin_for_tests, runtimes_required, skip_loudly,
 };
 use tpu_kernels_registry::pjrt::{
-    Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, Error, ErrorCode, Plugin,
-    Program, locate_cpu_plugin,
+    AlignedHostBuffer, Client, ClientOptions, CompileOptions, DeviceAssignment, ElementType, Error,
+    ErrorCode, Plugin, Program, locate_cpu_plugin,
 };
 
 fn temp_path(name: &str) -> PathBuf {
@@ -68,21 +68,38 @@ fn truncated_plugin() {
     assert!(matches!(err, Error::PluginLoad { .. }), "{err}");
 }
 
-/// Builds a shared library with the C compiler, if there is one.
+/// Builds a shared library with the C compiler. Without one (`cc` cannot be started) the test
+/// skips loudly, or fails under `TPUK_REQUIRE_RUNTIMES=1` like a missing runtime
+/// ([`tpu_kernels_registry::pjrt::testing`]); a fixture `cc` cannot compile always fails.
 fn build_c_library(name: &str, source: &str) -> Option<PathBuf> {
     let src = temp_path(&format!("{name}.c"));
     let lib = temp_path(&format!("{name}.so"));
     std::fs::write(&src, source).unwrap();
-    let ok = Command::new("cc")
+    let output = match Command::new("cc")
         .args(["-shared", "-fPIC", "-o"])
         .arg(&lib)
         .arg(&src)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        skip_loudly(&format!("no C compiler (cc) to build the {name} fixture"));
-    }
-    ok.then_some(lib)
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) => {
+            let what = format!("a C compiler (cc, to build the {name} fixture)");
+            if runtimes_required() {
+                panic!("TPUK_REQUIRE_RUNTIMES=1 but {what} is unavailable: {e}");
+            }
+            skip_loudly(&format!(
+                "{what} is unavailable: {e}\n*** (set TPUK_REQUIRE_RUNTIMES=1 to make this a failure)"
+            ));
+            return None;
+        }
+    };
+    assert!(
+        output.status.success(),
+        "cc cannot build the {name} fixture ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Some(lib)
 }
 
 #[test]
@@ -108,6 +125,32 @@ const struct api* GetPjrtApi(void) { return &table; }
     let err = Plugin::load(&lib).unwrap_err();
     assert!(matches!(err, Error::ApiTooOld { found_major: 0, found_minor: 54, .. }), "{err}");
     assert!(err.to_string().contains("0.54"), "{err}");
+}
+
+#[test]
+fn a_huge_aligned_host_buffer_is_refused_without_a_panic() {
+    // (element count, what is wrong): the byte count overflows, its rounding to a page
+    // overflows, or it fits usize but not a Layout (past isize::MAX).
+    let cases = [
+        (usize::MAX, "the size overflows usize"),
+        (usize::MAX / 4, "the size overflows usize"),
+        (isize::MAX as usize / 4 + 1, "is more than isize::MAX"),
+    ];
+    for (len, why) in cases {
+        let err = AlignedHostBuffer::<f32>::zeroed(len).unwrap_err();
+        assert!(matches!(err, Error::HostData { .. }), "{len}: {err:?}");
+        let message = err.to_string();
+        assert!(message.contains(&format!("{len} f32 elements (4 bytes each)")), "{message}");
+        assert!(message.contains(why), "{message}");
+    }
+    let err = AlignedHostBuffer::<bool>::zeroed(usize::MAX).unwrap_err();
+    assert!(err.to_string().contains("i1 elements (1 byte each)"), "{err}");
+    let err = AlignedHostBuffer::<u64>::zeroed(usize::MAX / 8 + 1).unwrap_err();
+    assert!(err.to_string().contains("the size overflows usize"), "{err}");
+    // Sizes that fit still allocate: empty, and a copy.
+    assert!(AlignedHostBuffer::<f32>::zeroed(0).unwrap().is_empty());
+    let copy = AlignedHostBuffer::from_slice(&[1.0f32, -2.0, 3.5]).unwrap();
+    assert_eq!((&copy[..], copy.as_ptr() as usize % 4096), (&[1.0f32, -2.0, 3.5][..], 0));
 }
 
 #[test]

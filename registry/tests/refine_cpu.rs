@@ -14,6 +14,7 @@ use half::bf16;
 use serde_json::Value;
 use tpu_kernels::refine::{RefineError, refine};
 use tpu_kernels::{DType, TensorType};
+use tpu_kernels_registry::numerics::{Tolerance, check_close};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
 use tpu_kernels_registry::pjrt::{Buffer, Client, CompileOptions, Program};
 
@@ -151,7 +152,8 @@ fn upload(client: &Client, t: &Tensor) -> Buffer {
 }
 
 /// Compares an output with jax's: exact for integers; for floats within a few units in the last
-/// place of the output's type (jax and the plugin may fuse and order reductions differently).
+/// place of the output's type, `rel * (1 + |jax|)` (jax and the plugin may fuse and order
+/// reductions differently). A NaN or an infinity jax does not have is a mismatch.
 fn compare(what: &str, got: &Buffer, want: &Tensor) -> Result<(), String> {
     if got.dims() != dims(&want.ty).as_slice() {
         return Err(format!("{what}: shape {:?}, jax says {}", got.dims(), want.ty));
@@ -164,12 +166,9 @@ fn compare(what: &str, got: &Buffer, want: &Tensor) -> Result<(), String> {
         DType::I32 => (got.to_vec::<i32>().unwrap().into_iter().map(f64::from).collect(), 0.0),
         other => return Err(format!("{what}: no comparison for {other}")),
     };
-    for (k, (g, w)) in values.iter().zip(&want.data).enumerate() {
-        if (g - w).abs() > rel * w.abs().max(1.0) {
-            return Err(format!("{what}: element {k} is {g}, jax says {w}"));
-        }
-    }
-    Ok(())
+    check_close(&values, &want.data, Tolerance::new(rel, rel))
+        .map(drop)
+        .map_err(|e| format!("{what} against jax: {e}"))
 }
 
 #[test]

@@ -9,6 +9,7 @@ use pallas_examples as _;
 use tpu_kernels::registration::{KernelSignature, Platform};
 use tpu_kernels::{DType, TensorType};
 use tpu_kernels_registry::cache::{CacheConfig, CompileCache};
+use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::Topology;
 use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
 use tpu_kernels_registry::{DispatchError, Dispatcher, FallbackReason, HostTensor, Registry};
@@ -60,8 +61,7 @@ fn one_symbolic_export_runs_at_every_row_count() {
         assert_eq!(out[0].dims(), &[rows as i64, 512]);
         let got = out[0].to_vec::<f32>().unwrap();
         let want = reference(&x, &w);
-        let err = got.iter().zip(&want).map(|(g, w)| (f64::from(*g) - w).abs()).fold(0.0, f64::max);
-        assert!(err < 1e-5, "{rows} rows: max error {err}");
+        assert_close(&format!("{rows} rows"), &got, &want, Tolerance::abs(1e-5));
     }
     let stats = d.stats();
     assert_eq!(stats.ops[&format!("{OP}.default")].substituted, 3, "{stats:?}");

@@ -41,7 +41,7 @@ fn check_softmax_backward(
         return Err(BuildError {
             kernel: kernel.to_owned(),
             op: "input_dtype",
-            kind: crate::ErrorKind::DType,
+            kind: crate::ErrorKind::Unsupported,
             message: format!(
                 "input_dtype {given} differs from the output's {expected} (a half_to_float \
                  forward); this kernel takes the forward's own type"

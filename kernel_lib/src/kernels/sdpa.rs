@@ -33,7 +33,7 @@ fn dtype_mismatch(kernel: &str, what: &str, a: Tensor<'_>, b: Tensor<'_>) -> Bui
     BuildError {
         kernel: kernel.to_owned(),
         op: "attention",
-        kind: crate::ErrorKind::DType,
+        kind: crate::ErrorKind::Unsupported,
         message: format!("{what}: {} and {} differ in element type", a.ty(), b.ty()),
     }
 }
@@ -144,7 +144,7 @@ impl<'b> Attention<'b> {
                 return Err(BuildError {
                     kernel: kernel.to_owned(),
                     op: "attention",
-                    kind: crate::ErrorKind::DType,
+                    kind: crate::ErrorKind::Unsupported,
                     message: format!(
                         "attn_mask {} must be bool, f32 or the query's element type ({})",
                         mask.ty(),
@@ -549,7 +549,7 @@ fn additive_only(kernel: &str, query: Tensor<'_>, mask: Tensor<'_>) -> Result<()
     Err(BuildError {
         kernel: kernel.to_owned(),
         op: "attention",
-        kind: crate::ErrorKind::DType,
+        kind: crate::ErrorKind::Unsupported,
         message: format!(
             "mask {} must be additive: f32 or the query's element type ({})",
             mask.ty(),

@@ -5,15 +5,22 @@
 //! which POSIX makes atomic. Readers therefore see a complete old file, a complete new file or
 //! none, from any number of threads and processes, with no locks. Files are not `fsync`ed: after
 //! a crash an entry may be empty or garbage, which its checksum catches and the cache replaces.
+//!
+//! Entries are native code the process runs, so the tier loads only what this user wrote (the
+//! trust rule in [`super`]): the directory and each entry must be owned by the effective uid and
+//! not writable by group or others. The directory (and any parent the cache creates) is made
+//! 0700 and entries 0600, so everything the cache writes passes. An entry is checked on the open
+//! file (`fstat` of the descriptor that is then read), so it cannot be swapped between the check
+//! and the read.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use super::entry;
-use super::error::CacheError;
+use super::error::{CacheError, UntrustedReason};
 use super::key::CacheKey;
 
 /// Temporary files start with this; ones older than [`STALE_TEMP`] belong to a crashed writer.
@@ -48,14 +55,46 @@ impl DiskTier {
         self.dir.join(entry::file_name(key))
     }
 
+    /// Whether the directory exists (`Ok(false)` when it does not, or is not a directory), and
+    /// is trusted ([`CacheError::UntrustedDir`] when it is not).
+    pub(crate) fn check_dir(&self) -> Result<bool, CacheError> {
+        let meta = match fs::metadata(&self.dir) {
+            Ok(meta) => meta,
+            Err(e) if is_absent(&e) => return Ok(false),
+            Err(source) => return Err(CacheError::Read { path: self.dir.clone(), source }),
+        };
+        if !meta.is_dir() {
+            return Ok(false);
+        }
+        match untrusted(&meta) {
+            Some(reason) => Err(CacheError::UntrustedDir { dir: self.dir.clone(), reason }),
+            None => Ok(true),
+        }
+    }
+
     /// The payload stored for `key`: `Ok(None)` when there is no entry (or no directory yet).
+    /// An untrusted directory or entry is an error, and nothing of it is read.
     pub(crate) fn load(&self, key: &CacheKey) -> Result<Option<Vec<u8>>, CacheError> {
+        if !self.check_dir()? {
+            return Ok(None);
+        }
         let path = self.path(key);
-        let mut bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
+        let mut file = match File::open(&path) {
+            Ok(file) => file,
             Err(e) if is_absent(&e) => return Ok(None),
             Err(source) => return Err(CacheError::Read { path, source }),
         };
+        let meta = match file.metadata() {
+            Ok(meta) => meta,
+            Err(source) => return Err(CacheError::Read { path, source }),
+        };
+        if let Some(reason) = untrusted(&meta) {
+            return Err(CacheError::UntrustedEntry { path, reason });
+        }
+        let mut bytes = Vec::new();
+        if let Err(source) = file.read_to_end(&mut bytes) {
+            return Err(CacheError::Read { path, source });
+        }
         let range = match entry::decode(&bytes, key) {
             Ok(payload) => {
                 let start = payload.as_ptr() as usize - bytes.as_ptr() as usize;
@@ -64,21 +103,22 @@ impl DiskTier {
             Err(reason) => return Err(CacheError::Corrupt { path, reason }),
         };
         if self.max_bytes.is_some() {
-            // Recently used entries are evicted last: a hit refreshes the mtime (best effort).
-            let _ = File::options()
-                .write(true)
-                .open(&path)
-                .and_then(|f| f.set_modified(SystemTime::now()));
+            // Recently used entries are evicted last: a hit refreshes the mtime (best effort; the
+            // owner may set the times through a read-only descriptor).
+            let _ = file.set_modified(SystemTime::now());
         }
         bytes.truncate(range.end);
         bytes.drain(..range.start);
         Ok(Some(bytes))
     }
 
-    /// Stores `payload` as the entry for `key`, atomically replacing any existing file.
+    /// Stores `payload` as the entry for `key`, atomically replacing any existing file. Creates
+    /// the directory (0700) if needed; refuses to write into an untrusted one.
     pub(crate) fn store(&self, key: &CacheKey, payload: &[u8]) -> Result<Stored, CacheError> {
-        fs::create_dir_all(&self.dir)
+        create_private_dir(&self.dir)
             .map_err(|source| CacheError::CreateDir { dir: self.dir.clone(), source })?;
+        // Another user could replace what is written into an untrusted directory.
+        self.check_dir()?;
         let path = self.path(key);
         let temp = self.dir.join(temp_name(key));
         let written =
@@ -185,8 +225,42 @@ fn temp_name(key: &CacheKey) -> String {
     format!("{TEMP_PREFIX}{}-{}-{n}-{nanos:08x}", &hex[..16], std::process::id())
 }
 
+/// Writes a new file readable and writable by this user only (0600 on Unix).
 fn write_new(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut file = OpenOptions::new().write(true).create_new(true).open(path)?;
+    let mut options = OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
     file.write_all(bytes)?;
     file.flush()
+}
+
+/// Creates `dir` and its missing parents, each accessible by this user only (0700 on Unix).
+/// Directories that already exist keep their mode.
+fn create_private_dir(dir: &Path) -> io::Result<()> {
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// What makes a directory or an entry untrusted, if anything: another owner than this
+/// process's effective uid, or write permission for group or others.
+#[cfg(unix)]
+fn untrusted(meta: &fs::Metadata) -> Option<UntrustedReason> {
+    use std::os::unix::fs::MetadataExt;
+    let user = rustix::process::geteuid().as_raw();
+    if meta.uid() != user {
+        return Some(UntrustedReason::Owner { owner: meta.uid(), user });
+    }
+    let mode = meta.mode() & 0o7777;
+    (mode & 0o022 != 0).then_some(UntrustedReason::Writable { mode })
+}
+
+/// Without Unix owners and modes there is nothing to check.
+#[cfg(not(unix))]
+fn untrusted(_meta: &fs::Metadata) -> Option<UntrustedReason> {
+    None
 }

@@ -57,6 +57,27 @@ pub enum CacheError {
         #[source]
         source: pjrt::Error,
     },
+    /// The cache directory is not trusted (see the trust rule in [`super`]): it is owned by
+    /// another user, or group or others may write to it. Nothing is loaded from it or written
+    /// to it; the executable is compiled and kept in memory only.
+    #[error(
+        "refusing compile cache directory {dir}: {reason}; the cache neither loads from it nor writes to it"
+    )]
+    UntrustedDir {
+        /// The directory.
+        dir: PathBuf,
+        /// What is wrong with it.
+        reason: UntrustedReason,
+    },
+    /// An entry is not trusted (owned by another user, or writable by group or others); it is
+    /// not loaded, but recompiled and replaced by an entry of this user's.
+    #[error("refusing compile cache entry {path}: {reason}; not loading it")]
+    UntrustedEntry {
+        /// The entry.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: UntrustedReason,
+    },
     /// Old entries could not be removed to keep the disk tier under its size bound.
     #[error("cannot evict compile cache entries in {dir}: {source}")]
     Evict {
@@ -122,9 +143,46 @@ impl fmt::Display for CorruptReason {
     }
 }
 
+/// Why a directory or an entry of the disk tier is not trusted: someone other than this user
+/// could have written what it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UntrustedReason {
+    /// It is owned by another user.
+    Owner {
+        /// Its owner's uid.
+        owner: u32,
+        /// This process's effective uid.
+        user: u32,
+    },
+    /// Group or others may write to it (`mode & 0o022 != 0`).
+    Writable {
+        /// Its permission bits (`st_mode & 0o7777`).
+        mode: u32,
+    },
+}
+
+impl fmt::Display for UntrustedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Owner { owner, user } => {
+                write!(f, "it is owned by uid {owner}, not by this user (uid {user})")
+            }
+            Self::Writable { mode } => {
+                write!(f, "its mode {mode:04o} lets group or others write to it (chmod go-w)")
+            }
+        }
+    }
+}
+
 impl CacheError {
     /// Whether the error is about a corrupt (or stale) entry, which the cache replaced.
     pub fn is_corrupt_entry(&self) -> bool {
         matches!(self, Self::Corrupt { .. })
+    }
+
+    /// Whether the cache refused an untrusted directory or entry.
+    pub fn is_untrusted(&self) -> bool {
+        matches!(self, Self::UntrustedDir { .. } | Self::UntrustedEntry { .. })
     }
 }

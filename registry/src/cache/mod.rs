@@ -9,9 +9,10 @@
 //!    or [`forget_client`](CompileCache::forget_client) is called;
 //! 2. **disk**: one file per key under [`CacheConfig::disk_dir`] (default
 //!    `$TPUK_CACHE/compile`, i.e. `~/.cache/tpu-kernels/compile`), holding the serialized
-//!    executable behind a verified header (format in [`entry`]). Entries are written to a
-//!    temporary file and renamed into place, so any number of threads and processes can share
-//!    one directory without locks and never see a torn file;
+//!    executable behind a verified header (format in [`entry`]), loaded only from a directory
+//!    and a file this user owns and only this user can write ([Trust](#trust)). Entries are
+//!    written to a temporary file and renamed into place, so any number of threads and
+//!    processes of the user can share one directory without locks and never see a torn file;
 //! 3. **compile**, whose result is stored in both tiers.
 //!
 //! The key ([`CacheKey::compute`]) fingerprints the location-stripped program, the compile
@@ -23,6 +24,29 @@
 //! [`CacheError`], reported in [`Cached::cache_errors`] and [`CompileCache::last_error`], and
 //! counted in [`CacheStats`]. Only the compile itself can fail a call, with its
 //! [`pjrt::Error`].
+//!
+//! # Trust
+//!
+//! An entry is native code the process will run, so, as ssh does with its keys, the disk tier
+//! loads only what this user could have written, on Unix:
+//!
+//! - the cache directory and each entry file must be **owned by the process's effective uid**
+//!   and **not writable by group or others** (`mode & 0o022 == 0`). Symbolic links are followed:
+//!   what is checked is the directory and the file that would be read (an entry on the open
+//!   descriptor it is read from). The directories above the cache directory are not checked;
+//! - an untrusted directory is refused whole ([`CacheError::UntrustedDir`]): nothing is loaded
+//!   from it **and nothing is written into it**, where another user could replace it. The
+//!   executable is compiled and kept in memory only;
+//! - an untrusted entry in a trusted directory ([`CacheError::UntrustedEntry`]) is not loaded;
+//!   it is recompiled and replaced (renamed over) by an entry of this user's;
+//! - the cache creates its directory, and any missing parent, with mode 0700, and its entries
+//!   with mode 0600. It never changes the mode of a directory that already exists: one an
+//!   older version created 0755 is owned by its user and not group- or other-writable, so it is
+//!   trusted as it is; a group-writable one stays refused until its owner runs `chmod go-w`.
+//!
+//! Refusals are counted in [`CacheStats::untrusted`] (and in [`CacheStats::fallbacks`]),
+//! reported like every cache error, and the first one of a cache is also printed to stderr as
+//! a `tpu-kernels: warning:`, since it silently costs every warm start a compile.
 //!
 //! ```no_run
 //! use tpu_kernels_registry::cache::{CacheConfig, CompileCache, Outcome};
@@ -52,11 +76,11 @@ mod memory;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-pub use error::{CacheError, CorruptReason};
+pub use error::{CacheError, CorruptReason, UntrustedReason};
 pub use key::{CacheKey, KEY_VERSION};
 
 use crate::pjrt::{self, Client, CompileOptions, LoadedExecutable, Program};
@@ -73,7 +97,8 @@ pub struct CacheConfig {
     /// How many loaded executables the memory tier keeps (least recently used are dropped
     /// first); 0 disables the memory tier.
     pub memory_entries: usize,
-    /// The disk tier's directory (created on first write); `None` disables the disk tier.
+    /// The disk tier's directory (created on first write, mode 0700); `None` disables the disk
+    /// tier.
     pub disk_dir: Option<PathBuf>,
     /// An optional bound on the bytes of entries in `disk_dir`: after each write the least
     /// recently used entries (by mtime, which hits refresh) are removed until the rest fit.
@@ -179,6 +204,9 @@ pub struct CacheStats {
     pub disk_read_failures: u64,
     /// Corrupt, truncated, stale or foreign entries found (each is recompiled and replaced).
     pub corrupt_entries: u64,
+    /// Loads (and writes) refused because the directory or the entry is not trusted (module
+    /// docs, "Trust"); each refused load is followed by a compile.
+    pub untrusted: u64,
     /// Executables dropped from memory by the LRU bound.
     pub memory_evictions: u64,
     /// Entries removed from disk by the size bound.
@@ -193,7 +221,7 @@ impl CacheStats {
 
     /// All cache errors worked around.
     pub fn fallbacks(&self) -> u64 {
-        self.disk_write_failures + self.disk_read_failures + self.corrupt_entries
+        self.disk_write_failures + self.disk_read_failures + self.corrupt_entries + self.untrusted
     }
 }
 
@@ -210,6 +238,7 @@ struct Counters {
     disk_write_failures: AtomicU64,
     disk_read_failures: AtomicU64,
     corrupt_entries: AtomicU64,
+    untrusted: AtomicU64,
     memory_evictions: AtomicU64,
     disk_evictions: AtomicU64,
 }
@@ -237,6 +266,8 @@ pub struct CompileCache {
     in_flight: Mutex<HashMap<MemKey, FlightLock>>,
     counters: Counters,
     last_error: Mutex<Option<Arc<CacheError>>>,
+    /// Whether the first refusal of an untrusted directory or entry has been printed.
+    warned_untrusted: AtomicBool,
 }
 
 impl CompileCache {
@@ -249,6 +280,7 @@ impl CompileCache {
             in_flight: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             last_error: Mutex::new(None),
+            warned_untrusted: AtomicBool::new(false),
         }
     }
 
@@ -322,6 +354,8 @@ impl CompileCache {
             return Ok(self.hit(exe, key, Outcome::MemoryHit, Vec::new()));
         }
         let mut errors = Vec::new();
+        // An untrusted directory is neither read nor written.
+        let mut dir_refused = false;
         if let Some(disk) = &self.disk {
             let start = Instant::now();
             match disk.load(&key) {
@@ -340,7 +374,10 @@ impl CompileCache {
                     }
                 },
                 Ok(None) => {}
-                Err(e) => errors.push(self.record(e)),
+                Err(e) => {
+                    dir_refused = matches!(e, CacheError::UntrustedDir { .. });
+                    errors.push(self.record(e));
+                }
             }
         }
         bump(&self.counters.misses, 1);
@@ -355,7 +392,7 @@ impl CompileCache {
             }
         };
         bump(&self.counters.compiles, 1);
-        if let Some(disk) = &self.disk {
+        if let Some(disk) = self.disk.as_ref().filter(|_| !dir_refused) {
             match exe.serialize() {
                 Ok(payload) => match disk.store(&key, &payload) {
                     Ok(stored) => {
@@ -406,6 +443,9 @@ impl CompileCache {
     fn record(&self, error: CacheError) -> Arc<CacheError> {
         let counter = match &error {
             CacheError::Corrupt { .. } => &self.counters.corrupt_entries,
+            CacheError::UntrustedDir { .. } | CacheError::UntrustedEntry { .. } => {
+                &self.counters.untrusted
+            }
             CacheError::Read { .. } => &self.counters.disk_read_failures,
             CacheError::CreateDir { .. }
             | CacheError::Write { .. }
@@ -413,6 +453,9 @@ impl CompileCache {
             | CacheError::Evict { .. } => &self.counters.disk_write_failures,
         };
         bump(counter, 1);
+        if error.is_untrusted() && !self.warned_untrusted.swap(true, Ordering::Relaxed) {
+            eprintln!("tpu-kernels: warning: {error}");
+        }
         let error = Arc::new(error);
         *self.lock(&self.last_error) = Some(error.clone());
         error
@@ -440,6 +483,7 @@ impl CompileCache {
             disk_write_failures: get(&c.disk_write_failures),
             disk_read_failures: get(&c.disk_read_failures),
             corrupt_entries: get(&c.corrupt_entries),
+            untrusted: get(&c.untrusted),
             memory_evictions: get(&c.memory_evictions),
             disk_evictions: get(&c.disk_evictions),
         }

@@ -134,6 +134,9 @@ pub enum LowerError {
     /// The builder rejected the finished module.
     #[error(transparent)]
     Build(#[from] BuildError),
+    /// A fault injected for a test (see [`crate::fault`]).
+    #[error("{0}")]
+    Injected(String),
 }
 
 fn describe_unsupported(ops: &[String], nodes: &[String]) -> String {
@@ -153,6 +156,9 @@ enum Plan {
 /// goes to `resolver` first; what it declines goes through the default table
 /// ([`super::supported_ops`]). Every node's results are checked against its output metadata.
 pub fn lower(graph: &Graph, resolver: &dyn KernelResolver) -> Result<Module, LowerError> {
+    if let Some(message) = crate::fault::lowering() {
+        return Err(LowerError::Injected(message));
+    }
     graph.validate()?;
     let (fused, _) = super::fuse::fuse(graph, resolver);
     let graph = &fused;

@@ -216,6 +216,10 @@ impl IndexResolver {
         sig: &KernelSignature,
     ) -> Option<tpu_kernels::Module> {
         match &kernel.source {
+            // An injected fault rewrites the module text (see `crate::fault`).
+            crate::KernelSource::Built if crate::fault::corrupts(kernel.name()) => {
+                imported_wrapper(kernel, sig, self.platform).ok()
+            }
             crate::KernelSource::Built => kernel.record.emit(sig).ok(),
             crate::KernelSource::Imported { .. } => {
                 imported_wrapper(kernel, sig, self.platform).ok()
@@ -250,11 +254,21 @@ fn imported_wrapper(
     platform: tpu_kernels::registration::Platform,
 ) -> Result<tpu_kernels::Module, String> {
     let text = kernel.module_text(sig, platform).map_err(|e| e.to_string())?.text;
-    let parsed = tpu_kernels::reader::parse_module(&text).map_err(|e| e.to_string())?;
-    let functions = parsed
-        .functions_for_inlining(&format!("{}_impl", kernel.name()))
-        .map_err(|e| e.to_string())?;
-    let b = tpu_kernels::KernelBuilder::new(kernel.name(), &sig.inputs);
+    wrap_module_text(kernel.name(), &sig.inputs, &text, |outs| outs)
+}
+
+/// A module named `name` over `inputs` whose `@main` calls `text`'s entry (its functions
+/// inlined as private functions prefixed `{name}_impl`) and returns `post` of its results.
+pub fn wrap_module_text(
+    name: &str,
+    inputs: &[TensorType],
+    text: &str,
+    post: impl for<'b> FnOnce(Vec<tpu_kernels::Tensor<'b>>) -> Vec<tpu_kernels::Tensor<'b>>,
+) -> Result<tpu_kernels::Module, String> {
+    let parsed = tpu_kernels::reader::parse_module(text).map_err(|e| e.to_string())?;
+    let functions =
+        parsed.functions_for_inlining(&format!("{name}_impl")).map_err(|e| e.to_string())?;
+    let b = tpu_kernels::KernelBuilder::new(name, inputs);
     let mut entry = None;
     for f in functions {
         if f.is_entry {
@@ -271,8 +285,7 @@ fn imported_wrapper(
         })
         .map_err(|e| e.to_string())?;
     }
-    let entry =
-        entry.ok_or_else(|| format!("kernel `{}`: imported module has no entry", kernel.name()))?;
+    let entry = entry.ok_or_else(|| format!("kernel `{name}`: module has no entry"))?;
     let outs = b.call_text(&entry, &b.args()).map_err(|e| e.to_string())?;
-    b.finish(&outs).map_err(|e| e.to_string())
+    b.finish(&post(outs)).map_err(|e| e.to_string())
 }

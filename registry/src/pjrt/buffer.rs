@@ -201,26 +201,39 @@ unsafe impl<T: NativeType> Sync for AlignedHostBuffer<T> {}
 
 impl<T: NativeType> AlignedHostBuffer<T> {
     /// Allocates `len` zeroed elements, aligned to a 4 KiB page (the size is rounded up to
-    /// whole pages). Aborts on allocation failure like `Vec`.
-    pub fn zeroed(len: usize) -> Self {
-        let bytes = (len.max(1) * std::mem::size_of::<T>()).div_ceil(PAGE) * PAGE;
-        let layout = match Layout::from_size_align(bytes, PAGE) {
-            Ok(l) => l,
-            Err(_) => panic!("host buffer of {len} elements is too large"),
+    /// whole pages).
+    ///
+    /// A size that does not fit the address space (`len` times the element size, rounded up to
+    /// a page, past `isize::MAX` bytes), and an allocation the allocator refuses, are
+    /// [`Error::HostData`] naming the element count and size; nothing panics or aborts.
+    pub fn zeroed(len: usize) -> Result<Self> {
+        let elem = std::mem::size_of::<T>();
+        let unit = if elem == 1 { "byte" } else { "bytes" };
+        let too_large = |why: &str| Error::HostData {
+            message: format!(
+                "cannot allocate an aligned host buffer of {len} {} elements ({elem} {unit} each): {why}",
+                T::TYPE
+            ),
         };
-        // SAFETY: `layout` has a non-zero size.
+        let bytes = len
+            .max(1)
+            .checked_mul(elem)
+            .and_then(|b| b.checked_next_multiple_of(PAGE))
+            .ok_or_else(|| too_large("the size overflows usize"))?;
+        let layout = Layout::from_size_align(bytes, PAGE)
+            .map_err(|_| too_large(&format!("{bytes} bytes is more than isize::MAX")))?;
+        // SAFETY: `layout` has a non-zero size (at least one page).
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw.cast::<T>()) else {
-            std::alloc::handle_alloc_error(layout)
-        };
-        Self { ptr, len, layout }
+        let ptr = NonNull::new(raw.cast::<T>())
+            .ok_or_else(|| too_large(&format!("the allocator refused {bytes} bytes")))?;
+        Ok(Self { ptr, len, layout })
     }
 
     /// Copies `data` into a new aligned allocation.
-    pub fn from_slice(data: &[T]) -> Self {
-        let mut buf = Self::zeroed(data.len());
+    pub fn from_slice(data: &[T]) -> Result<Self> {
+        let mut buf = Self::zeroed(data.len())?;
         buf.copy_from_slice(data);
-        buf
+        Ok(buf)
     }
 }
 

@@ -181,6 +181,14 @@ pub enum Error {
         /// What is missing.
         what: &'static str,
     },
+    /// A client reports a platform kernels are not selected for (not cpu, tpu or cuda).
+    #[error(
+        "pjrt client platform `{platform}` is not one kernels are selected for (cpu, tpu, cuda)"
+    )]
+    UnknownPlatform {
+        /// The platform name the plugin reports.
+        platform: String,
+    },
     /// A Mosaic TPU kernel (`tpu_custom_call`) was sent to a client that cannot run it.
     #[error(
         "program contains a tpu_custom_call (a Mosaic TPU kernel), which the {platform} client cannot run: use the kernel's {platform} variant"
