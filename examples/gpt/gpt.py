@@ -8,13 +8,17 @@ One forward and backward runs
   2. under `tpu_kernels.substitute(mode="strict")`, `"debug"` and `"fused"`,
   3. under `torch.compile(model, backend="tpu_kernels")`,
 
-and each loss and every parameter gradient must match the reference within tolerance. Then
-`tpu_kernels.report()` shows which kernels ran, what fell back and why, the cache hits and the
-time spent in kernels.
+and each loss and every parameter gradient must match the reference within tolerance. Values
+alone cannot tell our path from PyTorch's (everything falls back to PyTorch when something
+fails), so each mode also runs inside `tpu_kernels.testing.no_fallbacks`: nothing may fall back,
+replay or run in PyTorch, and the model's kernels (SDPA forward and backward, SiLU, log-softmax
+forward and backward) must have run, inside one fused or compiled program or more where the
+mode has programs. Then `tpu_kernels.report()` shows which kernels ran, what fell back and why,
+the cache hits and the time spent in kernels.
 
     python examples/gpt/gpt.py [--layers 2] [--dim 64] [--seq 16] [--batch 2]
 
-Exit status 1 when a mode disagrees with the reference.
+Exit status 1 when a mode disagrees with the reference or did not run on tpu_kernels.
 """
 
 from __future__ import annotations
@@ -129,6 +133,26 @@ def compare(name: str, ref, got, rtol: float, atol: float) -> bool:
     return ok
 
 
+# The kernels one training step runs in every mode.
+KERNELS = ["sdpa_flash_cpu", "sdpa_flash_cpu_backward", "silu", "log_softmax", "log_softmax_backward"]
+
+
+def ran_ours(name: str, fn, programs: int = 0):
+    """`fn()` inside `no_fallbacks`: (its result, True), or (its result, False) after printing
+    what fell back or did not run."""
+    from tpu_kernels.testing import no_fallbacks
+
+    try:
+        with no_fallbacks(kernels=KERNELS, programs=programs) as ran:
+            out = fn()
+    except AssertionError as e:
+        print(f"  {name:<28} NOT ON TPU_KERNELS: {e}")
+        return None, False
+    print(f"  {name:<28} kernels ran: {', '.join(f'{k}x{n}' for k, n in sorted(ran.kernels.items()))}"
+          + (f"; {ran.programs} programs" if ran.programs else ""))
+    return out, True
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=2)
@@ -157,7 +181,11 @@ def main(argv: list[str] | None = None) -> int:
 
         model.zero_grad(set_to_none=True)
         t = time.perf_counter()
-        loss = run(tokens, targets)
+        loss, ours = ran_ours(f"substitute({mode!r})", lambda run=run: run(tokens, targets),
+                              programs=1 if mode == "fused" else 0)
+        ok &= ours
+        if loss is None:
+            continue
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         ok &= compare(f"substitute({mode!r})", ref, (loss.detach(), grads), rtol=1e-4, atol=1e-5)
         print(f"      {(time.perf_counter() - t) * 1e3:.1f} ms")
@@ -171,8 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         got = step(model, compiled, tokens, targets)
         first = time.perf_counter() - t
         t = time.perf_counter()
-        got = step(model, compiled, tokens, targets)
-        ok &= compare('torch.compile("tpu_kernels")', ref, got, rtol=1e-4, atol=1e-5)
+        got, ours = ran_ours('torch.compile("tpu_kernels")', lambda: step(model, compiled, tokens, targets),
+                             programs=2)
+        ok &= ours
+        if got is not None:
+            ok &= compare('torch.compile("tpu_kernels")', ref, got, rtol=1e-4, atol=1e-5)
         print(f"      first step {first * 1e3:.0f} ms (compiles), second {(time.perf_counter() - t) * 1e3:.1f} ms")
 
     print()

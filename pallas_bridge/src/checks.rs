@@ -243,7 +243,7 @@ pub fn run_module_cpu<'py>(
 pub fn cache_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let s = cache().stats();
     let d = PyDict::new(py);
-    let items: [(&str, u64); 12] = [
+    let items: [(&str, u64); 13] = [
         ("memory_hits", s.memory_hits),
         ("disk_hits", s.disk_hits),
         ("misses", s.misses),
@@ -253,6 +253,7 @@ pub fn cache_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
         ("disk_write_failures", s.disk_write_failures),
         ("disk_read_failures", s.disk_read_failures),
         ("corrupt_entries", s.corrupt_entries),
+        ("untrusted", s.untrusted),
         ("memory_evictions", s.memory_evictions),
         ("disk_evictions", s.disk_evictions),
         ("memory_entries", cache().memory_len() as u64),

@@ -468,11 +468,24 @@ impl GraphProgram {
     }
 }
 
+/// Why a graph did not become a program: `declined` when a node is one no kernel takes and
+/// the default table does not lower (an op, or arguments, it does not cover), else a failure.
+struct GraphFailure {
+    declined: bool,
+    message: String,
+}
+
+impl From<String> for GraphFailure {
+    fn from(message: String) -> GraphFailure {
+        GraphFailure { declined: false, message }
+    }
+}
+
 fn compile_inner(
     rt: &Runtime,
     json: &str,
     refused: &[String],
-) -> Result<Arc<ProgramInner>, String> {
+) -> Result<Arc<ProgramInner>, GraphFailure> {
     let graph = Graph::from_json(json).map_err(|e| e.to_string())?;
     let mut index = rt.dispatcher.registry().index();
     if !refused.is_empty() {
@@ -484,7 +497,13 @@ fn compile_inner(
         inner: IndexResolver::new(index, rt.platform),
         used: RefCell::new(Vec::new()),
     };
-    let module = graph::lower(&graph, &resolver).map_err(|e| e.to_string())?;
+    let module = graph::lower(&graph, &resolver).map_err(|e| GraphFailure {
+        declined: matches!(
+            e,
+            graph::LowerError::UnsupportedOp { .. } | graph::LowerError::BadArgs { .. }
+        ),
+        message: e.to_string(),
+    })?;
     let text = module.to_text();
     let program = Program::text(text.clone());
     let options = CompileOptions::new();
@@ -507,7 +526,9 @@ fn compile_inner(
 
 /// Lowers a graph (the registry's JSON format) to one StableHLO program with the registered
 /// kernels inlined, compiles it (memoised on the exact graph text, then through the compile
-/// cache) and returns it. A graph that cannot be lowered raises `ValueError` naming the nodes.
+/// cache) and returns it. A graph with a node no kernel takes and the default table does not
+/// lower raises `LoweringDeclined` (a `ValueError`) naming the nodes; any other failure
+/// `ValueError`.
 /// `refused` names kernels never to inline (their bindings were refused).
 #[pyfunction]
 #[pyo3(signature = (json, refused = Vec::new()))]
@@ -539,7 +560,11 @@ fn compile_graph(py: Python<'_>, json: &str, refused: Vec<String>) -> PyResult<G
             if let Ok(mut s) = rt.graph_stats.lock() {
                 s.lower_errors += 1;
             }
-            Err(PyValueError::new_err(e))
+            if e.declined {
+                Err(crate::errors::raise(py, "LoweringDeclined", e.message))
+            } else {
+                Err(PyValueError::new_err(e.message))
+            }
         }
     }
 }
@@ -674,6 +699,7 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     cache.set_item("misses", c.misses)?;
     cache.set_item("compiles", c.compiles)?;
     cache.set_item("compile_errors", c.compile_errors)?;
+    cache.set_item("untrusted", c.untrusted)?;
     cache.set_item("compile_time_s", c.compile_time.as_secs_f64())?;
     d.set_item("cache", cache)?;
     let g = PyDict::new(py);

@@ -72,9 +72,9 @@ def test_dispatch_zero_copy_and_counters(cleanup):
     z = torch.randn(4, 4)
     torch.testing.assert_close(tk.dispatch("aten::relu", z, dispatcher=d), torch.relu(z))
     assert d.stats()["ops"]["aten::relu.default"]["fallbacks"] == {"no_kernel": 1}
-    strict = tk.Dispatcher(strict=True)
-    with pytest.raises(tk.FallbackError, match="strict dispatch"):
-        tk.dispatch("aten::relu", z, dispatcher=strict)
+    forbid = tk.Dispatcher(no_fallback=True)
+    with pytest.raises(tk.FallbackError, match="fallback forbidden"):
+        tk.dispatch("aten::relu", z, dispatcher=forbid)
 
 
 def test_dispatch_runs_linked_in_rust_kernels():

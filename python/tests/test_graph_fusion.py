@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import tpu_kernels.torch  # noqa: E402,F401  (registers the backend)
+from tpu_kernels.testing import no_fallbacks  # noqa: E402
 from tpu_kernels.torch import report, substitute  # noqa: E402
 
 g = torch.Generator().manual_seed(0)
@@ -33,23 +34,24 @@ def test_compiled_inference_graph_fuses(name):
     f, args, kernel = CASES[name]
     n = len(report().compiled["graphs"])
     with torch.no_grad():
-        out = torch.compile(f, backend="tpu_kernels")(*args)
+        with no_fallbacks(kernels=[kernel], programs=1) as ran:
+            out = torch.compile(f, backend="tpu_kernels")(*args)
         ref = f(*args)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=4e-6)
     kernels = [k for gr in report().compiled["graphs"][n:] for k in gr["kernels"]]
     assert kernels == [kernel], kernels
+    assert ran.kernels == {kernel: 1}, ran.kernels  # lowered into the program, and ran there once
 
 
 # `F.rms_norm` in eager adds eps in place (`add_` on an intermediate): recorded as `add`.
 @pytest.mark.parametrize("name", ["F.rms_norm", "written-out rms_norm", "linear+gelu"])
 def test_fused_eager_mode_fuses_the_recorded_chain(name):
     f, args, kernel = CASES[name]
-    before = report().graphs.get("kernels", {}).get(kernel, 0)
-    with substitute("fused"):
-        out = f(*args)
-        out = out + 0  # recorded
+    with no_fallbacks(kernels=[kernel], programs=1):
+        with substitute("fused"):
+            out = f(*args)
+            out = out + 0  # recorded
     torch.testing.assert_close(out, f(*args), rtol=1e-5, atol=4e-6)
-    assert report().graphs.get("kernels", {}).get(kernel, 0) > before
 
 
 def test_training_graph_keeps_the_saved_intermediates():
@@ -60,8 +62,9 @@ def test_training_graph_keeps_the_saved_intermediates():
         return F.rms_norm(x, [32], w, 1e-6)
 
     n = len(report().compiled["graphs"])
-    out = torch.compile(f, backend="tpu_kernels")(x, w)
-    out.sum().backward()
+    with no_fallbacks(programs=2):
+        out = torch.compile(f, backend="tpu_kernels")(x, w)
+        out.sum().backward()
     ref_x, ref_w = X.clone().requires_grad_(), W.clone().requires_grad_()
     f(ref_x, ref_w).sum().backward()
     torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=4e-6)

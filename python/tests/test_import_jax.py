@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import tpu_kernels as tk
+from tpu_kernels.testing import no_fallbacks
 
 
 def test_decorator_defines_a_new_torch_op(cleanup):
@@ -26,8 +27,11 @@ def test_decorator_defines_a_new_torch_op(cleanup):
     for step in ("export_tpu", "export_cpu", "parse", "tpu_compile", "cpu_run", "jax_cpu", "register"):
         assert step in softplus.timings
     x = torch.randn(16, 128)
-    torch.testing.assert_close(torch.ops.imp.softplus(x), torch.nn.functional.softplus(x))
-    torch.testing.assert_close(softplus(x), torch.nn.functional.softplus(x))
+    # The kernel computes it: a fallback to the JAX function would give the same values.
+    with no_fallbacks(kernels=["softplus"]) as ran:
+        torch.testing.assert_close(torch.ops.imp.softplus(x), torch.nn.functional.softplus(x))
+        torch.testing.assert_close(softplus(x), torch.nn.functional.softplus(x))
+    assert ran.kernels == {"softplus": 2}
     assert tk.kernel("softplus")["doc"] == "log(1 + exp(x))."
     tk.unregister("softplus")
     assert not hasattr(torch.ops.imp, "softplus") or not torch._C._dispatch_has_kernel_for_dispatch_key(
@@ -40,7 +44,8 @@ def test_function_form_with_shape_dtype_structs(cleanup):
     k = tk.register_jax(lambda x, y: x * y, name="imp_mul_bf16", op="imp::mul_bf16", signatures=[(s, s)])
     assert k.signatures == ["bf16[8,256], bf16[8,256]"]
     x, y = torch.randn(8, 256, dtype=torch.bfloat16), torch.randn(8, 256, dtype=torch.bfloat16)
-    torch.testing.assert_close(torch.ops.imp.mul_bf16(x, y), x * y)
+    with no_fallbacks(kernels=["imp_mul_bf16"]):
+        torch.testing.assert_close(torch.ops.imp.mul_bf16(x, y), x * y)
 
 
 def test_replaces_an_aten_op(cleanup):
@@ -82,8 +87,10 @@ def test_static_arguments(cleanup):
     assert tk.kernel("imp_scale")["statics"] == [("factor", "float", "2.0", True)]
     assert tk.kernel("imp_scale")["canonical"] == ["f32[8,128]; factor=2.0"]
     x = torch.randn(8, 128)
-    torch.testing.assert_close(torch.ops.imp.scale(x), x * 2.0)
-    torch.testing.assert_close(torch.ops.imp.scale(x, factor=3.0), x * 3.0)  # re-exported for 3.0
+    with no_fallbacks(kernels=["imp_scale"]) as ran:
+        torch.testing.assert_close(torch.ops.imp.scale(x), x * 2.0)
+        torch.testing.assert_close(torch.ops.imp.scale(x, factor=3.0), x * 3.0)  # re-exported for 3.0
+    assert ran.kernels == {"imp_scale": 2}
     assert k.generic
 
 
@@ -133,3 +140,36 @@ def test_symbolic_kernel_is_specialised_inside_a_lowered_graph(cleanup):
     x = torch.randn(24, 128)
     (y,) = program.run([x])
     torch.testing.assert_close(torch.as_tensor(y), torch.tanh(x) * 3 + x, atol=1e-5, rtol=1e-5)
+
+
+def test_checks_record_what_was_checked(cleanup):
+    """`checks` says what validation did: the TPU compile, and whether the CPU numerics were
+    checked against an independent reference or only round-tripped against the function."""
+    plain = tk.register_jax(lambda x: x * 2.0, name="imp_twice", op="imp::twice", signatures=["f32[8,128]"])
+    assert plain.checks["tpu_compile"] == "compiled for v5e:1x1"
+    assert plain.checks["cpu_numerics"].startswith("round trip only")
+    checked = tk.register_jax(
+        lambda x: x * 2.0, name="imp_twice_ref", op="imp::twice_ref", signatures=["f32[8,128]"],
+        reference=lambda x: x + x,
+    )
+    assert checked.checks["cpu_numerics"].startswith("against the reference")
+    # A wrong kernel passes the round trip (it is what the function computes) but not a reference.
+    with pytest.raises(tk.NumericsMismatchError, match="reference"):
+        tk.register_jax(
+            lambda x: x * 2.0, name="imp_wrong", op="imp::wrong", signatures=["f32[8,128]"],
+            reference=lambda x: x * 3.0,
+        )
+    assert "imp_wrong" not in {k["name"] for k in tk.kernels()}
+
+
+def test_tpu_compile_not_done_without_libtpu_is_recorded_or_refused(cleanup, monkeypatch):
+    monkeypatch.setattr(tk._native, "libtpu_available", lambda: False)
+    monkeypatch.delenv("TPUK_REQUIRE_RUNTIMES", raising=False)
+    with pytest.warns(RuntimeWarning, match="TPU compile check was not done"):
+        k = tk.register_jax(lambda x: x + 1.0, name="imp_inc", op="imp::inc", signatures=["f32[8,128]"])
+    assert k.checks["tpu_compile"] == "not done: libtpu cannot be loaded"
+    assert "tpu_compile" not in k.timings
+    monkeypatch.setenv("TPUK_REQUIRE_RUNTIMES", "1")
+    with pytest.raises(tk.RuntimeUnavailableError, match="libtpu cannot be loaded"):
+        tk.register_jax(lambda x: x + 2.0, name="imp_inc2", op="imp::inc2", signatures=["f32[8,128]"])
+    assert "imp_inc2" not in {k["name"] for k in tk.kernels()}

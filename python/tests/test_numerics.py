@@ -1,13 +1,13 @@
 """Numerics harness: every standard kernel x dtype x shape against a float64 reference.
 
-Each case runs the kernel directly on torch tensors through a strict dispatcher
-(`tk.call(..., dispatcher=Dispatcher(strict=True))`), so a call that falls back to PyTorch raises
-instead of passing, and the dispatcher's stats must show the expected kernel ran. The reference
-is the same PyTorch op evaluated in float64 on the upcast inputs; `assert_close_to_reference`
-rounds it to the tested dtype and applies the one tolerance table, `tpu_kernels.testing.TOLERANCES`.
-PyTorch eager in the tested dtype is measured against the same reference: the kernel must also
-be no further from f64 than PyTorch's own eager result, up to EAGER_FACTOR, or within one ulp of
-the rounded reference (the table).
+Each case runs the kernel directly on torch tensors through a dispatcher that forbids fallbacks
+(`tk.call(..., dispatcher=Dispatcher(no_fallback=True))`), so a call that falls back to PyTorch
+raises instead of passing, and the dispatcher's stats must show the expected kernel ran. The
+reference is the same PyTorch op evaluated in float64 on the upcast inputs;
+`assert_close_to_reference` rounds it to the tested dtype and applies the one tolerance table,
+`tpu_kernels.testing.TOLERANCES`, element by element. There is no other way to pass: PyTorch
+eager in the tested dtype is measured against the same reference only to be shown beside the
+kernel's error when a case fails.
 
 Gradients: the autograd of `torch.ops.tpuk.rms_norm`, `swiglu` and `cross_entropy` (their paired
 backward kernels) and the backward kernels called directly, against f64 autograd of the reference
@@ -40,13 +40,6 @@ from tpu_kernels.testing import (  # noqa: E402
 )
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-# The kernel's largest error against f64 may exceed PyTorch eager's (same dtype, same inputs) by
-# at most this factor, unless it is within the tolerance table anyway. Both round once from f32
-# in the elementwise and norm kernels; the factor leaves room for XLA's and ATen's different f32
-# exp/erf/tanh approximations.
-EAGER_FACTOR = 4.0
-
 
 def _seed(name: str) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(name.encode()))
@@ -182,14 +175,6 @@ def _softmax_backward_cases() -> list[Case]:
     return out
 
 
-def _layer_norm_grads(grad, x, mean, rstd, w, b, eps=1e-5) -> tuple[torch.Tensor, ...]:
-    """Autograd of f64 layer norm (the saved statistics are the kernel's inputs, not needed)."""
-    leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
-    with torch.enable_grad():
-        F.layer_norm(leaves[0], leaves[1].shape, leaves[1], leaves[2], eps).backward(grad)
-    return tuple(t.grad for t in leaves)
-
-
 def _layer_norm_backward_cases() -> list[Case]:
     out = []
     for shape in NORM_SHAPES:
@@ -204,13 +189,17 @@ def _layer_norm_backward_cases() -> list[Case]:
         def eager(grad, x, mean, rstd, w, b, d=d):
             return torch.ops.aten.native_layer_norm_backward(grad, x, [d], mean, rstd, w, b, [True] * 3)
 
+        # The reference is the gradient given the saved statistics the kernel is handed (in
+        # 16-bit cases they are rounded to the dtype, as PyTorch's CPU forward saves them):
+        # ATen's kernel in float64 on the upcast inputs. Recomputing exact statistics instead
+        # would measure the statistics' rounding, not the kernel.
         out.append(
             Case(
                 "layer_norm_backward",
                 "aten::native_layer_norm_backward.default",
                 _shape_id(shape),
                 make,
-                ref=_layer_norm_grads,
+                ref=eager,
                 eager=eager,
             )
         )
@@ -706,7 +695,7 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
     exact = [i in case.integer_inputs or t.dtype == torch.bool for i, t in enumerate(inputs)]
     refs = _tuple(case.ref(*[t if x else t.double() for t, x in zip(inputs, exact)]))
     eagers = _tuple(case.eager(*[t.clone() for t in inputs]))
-    d = tk.Dispatcher(strict=True)
+    d = tk.Dispatcher(no_fallback=True)
     statics = {k: v(dt) if callable(v) else v for k, v in case.statics.items()}
     outs = tk.call(case.op, *inputs, dispatcher=d, **statics)
     stats = d.stats()
@@ -740,9 +729,6 @@ def test_kernel_numerics(case: Case, dt: str) -> None:
         if not r["actual"].is_floating_point():
             # Integer outputs (cross entropy's class-index gradient) are exact.
             assert r["actual"].dtype == r["reference"].dtype and torch.equal(r["actual"], r["reference"]), where
-            continue
-        # Within the table, or (where even PyTorch eager is not) within EAGER_FACTOR of eager.
-        if k["ratio"] > 1.0 and k["max_abs"] <= EAGER_FACTOR * e["max_abs"]:
             continue
         assert_close_to_reference(r["actual"], r["reference"], dtype, msg=where + f"(eager: {e}) ")
 
@@ -849,7 +835,7 @@ def test_cross_entropy_autograd(dt: str, shape: tuple[int, int]) -> None:
 
 
 def _dropout(x: torch.Tensor, seed: int, p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    d = tk.Dispatcher(strict=True)
+    d = tk.Dispatcher(no_fallback=True)
     out, mask = tk.call("tpuk::dropout.default", x, torch.tensor(seed), p=p, dispatcher=d)
     assert d.stats()["ops"]["tpuk::dropout.default"]["kernels"] == {"dropout": 1}
     return out, mask
@@ -945,7 +931,7 @@ def test_adamw_step_matches_closed_form_and_leaves_borrowed_inputs() -> None:
         torch.testing.assert_close(a, b, rtol=1e-14, atol=1e-15)
     inputs = [t_.float() for t_ in (p, grad, m, v)] + [torch.tensor(float(t))]
     copies = [x.clone() for x in inputs]
-    outs = tk.call("tpuk::adamw_step.default", *inputs, dispatcher=tk.Dispatcher(strict=True))
+    outs = tk.call("tpuk::adamw_step.default", *inputs, dispatcher=tk.Dispatcher(no_fallback=True))
     assert all(torch.equal(a, b) for a, b in zip(inputs, copies))
     for out, ref in zip(outs, (p1, m1, v1)):
         assert_close_to_reference(out, ref, torch.float32)
@@ -976,7 +962,7 @@ def test_tolerance_table_covers_tested_dtypes() -> None:
 def test_harness_rejects_a_wrong_reference() -> None:
     """The check can fail: silu's kernel output against sigmoid instead of silu."""
     x = torch.linspace(-4, 4, 257).to(torch.bfloat16)
-    out = tk.call("aten::silu.default", x, dispatcher=tk.Dispatcher(strict=True))[0]
+    out = tk.call("aten::silu.default", x, dispatcher=tk.Dispatcher(no_fallback=True))[0]
     assert_close_to_reference(out, F.silu(x.double()))
     with pytest.raises(AssertionError, match="exceed rtol"):
         assert_close_to_reference(out, torch.sigmoid(x.double()))

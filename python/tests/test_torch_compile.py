@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 import tpu_kernels.torch.backend as backend  # noqa: E402
+from tpu_kernels.testing import no_fallbacks  # noqa: E402
 from tpu_kernels.torch import report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,10 @@ def test_gpt_forward_and_backward_match_eager():
     torch._dynamo.reset()
     n_graphs = len(report().compiled["graphs"])
     compiled = torch.compile(model, backend="tpu_kernels")
-    got = gpt.step(model, compiled, tokens, targets)
+    # Every node of the forward and the backward graph runs in their programs, and the kernels
+    # inlined there run (counted at run time, not when lowered).
+    with no_fallbacks(kernels=["silu", "log_softmax"], programs=2):
+        got = gpt.step(model, compiled, tokens, targets)
     assert gpt.compare("compile", ref, got, rtol=1e-4, atol=1e-5)
     graphs = report().compiled["graphs"][n_graphs:]
     names = [g["name"] for g in graphs]
@@ -51,7 +55,9 @@ def test_unlowerable_nodes_split_the_graph_and_are_reported():
 
     x = torch.randn(16, 8)
     torch._dynamo.reset()
-    got = torch.compile(f, backend="tpu_kernels")(x)
+    # The lowerable runs around cumsum still run as programs (and silu's kernel in them).
+    with no_fallbacks(kernels=["silu"], programs=2, allow={"aten::cumsum.default": "no lowering"}):
+        got = torch.compile(f, backend="tpu_kernels")(x)
     torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
     eager = report().compiled["eager_nodes"]
     assert "aten::cumsum.default" in eager
@@ -61,9 +67,11 @@ def test_inference_graph():
     lin = torch.nn.Linear(16, 8)
     x = torch.randn(4, 16)
     torch._dynamo.reset()
-    with torch.no_grad():
+    with torch.no_grad(), no_fallbacks(programs=1) as ran:
         got = torch.compile(lambda t: F.gelu(lin(t)), backend="tpu_kernels")(x)
-        torch.testing.assert_close(got, F.gelu(lin(x)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, F.gelu(lin(x)), rtol=1e-5, atol=1e-5)
+    # addmm + gelu: fused into matmul_bias_act, or gelu's own kernel.
+    assert {"matmul_bias_act", "gelu"} & set(ran.kernels), ran.kernels
 
 
 def test_sdpa_decomposition_pitfall_avoided():

@@ -37,16 +37,58 @@ def test_fake_from_output_rule():
     assert meta.shape == (3, 5, 8)
 
 
-@pytest.mark.parametrize(
-    "op,args",
-    [
-        ("rms_norm", lambda: (torch.randn(4, 32), torch.randn(32), 1e-6)),
-        ("matmul_bias_act", lambda: (torch.randn(8, 16), torch.randn(16, 4), torch.randn(4), "gelu")),
-    ],
-)
-def test_opcheck(op, args):
+def _new_op_kernels():
+    import tpu_kernels as tk
+
+    return sorted(
+        (k for k in tk.kernels() if k["canonical"] and any(o.startswith("tpuk::") for o in k["ops"])),
+        key=lambda k: k["name"],
+    )
+
+
+_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i64": torch.int64}
+
+
+def _canonical_args(kernel):
+    """Arguments for the kernel's op from its first canonical signature: random tensors
+    (class indices within the logits' width, a positive step count), then the statics."""
+    tensors_text, _, statics_text = kernel["canonical"][0].partition(";")
+    g = torch.Generator().manual_seed(0)
+    shapes = []
+    for t in tensors_text.split("],"):
+        dtype, _, dims = t.strip().rstrip("]").partition("[")
+        shapes.append((_DTYPES[dtype.strip()], [int(d) for d in dims.split(",") if d.strip()]))
+    args = []
+    by_name = dict(zip(kernel["inputs"], shapes))
+    for name, (dtype, dims) in zip(kernel["inputs"], shapes):
+        if dtype == torch.int64:
+            high = by_name["logits"][1][-1] if name == "target" else 2**31
+            args.append(torch.randint(0, high, dims, generator=g))
+        elif name == "step":
+            args.append(torch.full(dims, 3.0))
+        else:
+            args.append(torch.randn(dims, generator=g).to(dtype))
+    kinds = {s[0]: s[1] for s in kernel["statics"]}
+    statics = {}
+    for part in statics_text.split(","):
+        if "=" in part:
+            k, v = (x.strip() for x in part.split("=", 1))
+            statics[k] = {"float": float, "int": int, "bool": lambda t: t == "true"}.get(kinds[k], str)(v)
+    return tuple(args), statics
+
+
+@pytest.mark.parametrize("kernel", _new_op_kernels(), ids=lambda k: k["name"])
+def test_opcheck(kernel):
+    """Every new op a standard kernel defines passes opcheck (schema, fake function, autograd
+    registration, aot dispatch) at its first canonical signature, and the kernel computes it."""
+    from tpu_kernels.testing import no_fallbacks
+
     custom_ops()
-    torch.library.opcheck(getattr(torch.ops.tpuk, op).default, args())
+    (op,) = [o for o in kernel["ops"] if o.startswith("tpuk::")]
+    overload = getattr(torch.ops.tpuk, op.split("::")[1].split(".")[0]).default
+    args, statics = _canonical_args(kernel)
+    with no_fallbacks(kernels=[kernel["name"]]):
+        torch.library.opcheck(overload, args, statics)
 
 
 def test_custom_op_under_compile_is_inlined():

@@ -5,6 +5,8 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 tkt = pytest.importorskip("tpu_kernels.torch")
+from tpu_kernels.errors import InternalError  # noqa: E402
+from tpu_kernels.testing import error_policy  # noqa: E402
 from tpu_kernels.torch import SubstitutionError, report, substitute  # noqa: E402
 
 
@@ -69,10 +71,18 @@ def test_kernel_error_falls_back_in_strict(monkeypatch):
         raise RuntimeError("kernel exploded")
 
     monkeypatch.setattr(mode, "_call", broken)
-    with mode:
+    before = report().fallbacks("aten::silu.default", "internal")
+    with error_policy("fallback"), mode:
         y = F.silu(x)
     torch.testing.assert_close(y, F.silu(x))
     assert "kernel exploded" in report().ops["aten::silu.default"]["last_fallback"]
+    # An error in the binding code is counted as one (`internal`), never as "no kernel", and
+    # raises under the "raise" policy.
+    assert report().fallbacks("aten::silu.default", "internal") == before + 1
+    fresh = substitute("strict")  # the first call of an op takes the Python handler
+    monkeypatch.setattr(fresh, "_call", broken)
+    with error_policy("raise"), fresh, pytest.raises(InternalError, match="kernel exploded"):
+        F.silu(x)
 
 
 def test_debug_matches_and_raises_naming_op_and_kernel():
@@ -111,13 +121,24 @@ def test_autograd_through_substituted_ops():
 
 
 def test_outputs_are_zero_copy_views_of_kernel_buffers():
+    import tpu_kernels as tk
+
     x = torch.randn(1024)
+    # Through the dispatch API the PJRT output buffer's address is known: the torch tensor made
+    # from it through DLPack points at that very memory.
+    (device,) = tk.Dispatcher().call("aten::silu.default", [x])
+    t = torch.from_dlpack(device)
+    assert t.data_ptr() == device.data_ptr
     with substitute("strict"):
         y = F.silu(x)
-    # The output's memory is the PJRT buffer's (owned through DLPack), not a torch allocation
-    # copied into: writing it works and the tensor keeps its own storage.
+    # Strict mode's output is a DLPack import of the PJRT buffer too: memory torch did not
+    # allocate (a fixed-size, non-resizable storage), where a copy into a torch allocation (what
+    # PyTorch's own op or a clone gives) is resizable.
+    for zero_copy in (t, y):
+        assert not zero_copy.untyped_storage().resizable()
+    assert F.silu(x).untyped_storage().resizable() and y.clone().untyped_storage().resizable()
     assert y.data_ptr() != x.data_ptr()
-    y.add_(1)
+    y.add_(1)  # the kernel's buffer is the tensor's own, writable memory
     torch.testing.assert_close(y, F.silu(x) + 1)
 
 

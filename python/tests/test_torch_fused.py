@@ -4,6 +4,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+from tpu_kernels.errors import InternalError  # noqa: E402
+from tpu_kernels.testing import error_policy, no_fallbacks  # noqa: E402
 from tpu_kernels.torch import report, substitute  # noqa: E402
 
 
@@ -20,28 +22,35 @@ def chain(x):
 
 def test_fused_equals_strict_and_eager():
     x = torch.randn(32, 64)
-    with substitute("strict"):
-        s = chain(x)
+    with no_fallbacks(kernels=["silu", "softmax", "gelu"]):
+        with substitute("strict"):
+            s = chain(x)
     before = report().fused["flushes"]
-    with substitute("fused"):
-        f = chain(x)
-    assert report().fused["flushes"] == before + 1  # one program for the whole chain
+    with no_fallbacks(kernels=["silu", "softmax", "gelu"], programs=1) as ran:
+        with substitute("fused"):
+            f = chain(x)
+    assert ran.programs == 1  # one program for the whole chain, and it ran
+    assert report().fused["flushes"] == before + 1
     # The last steps sum mean-centred values (cancellation): compare at f32 summation accuracy.
     torch.testing.assert_close(f, s, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(f, chain(x), rtol=1e-4, atol=1e-4)
 
 
 def test_programs_are_cached_by_fingerprint():
-    x = torch.randn(16, 32)
+    x, x2 = torch.randn(16, 32), torch.randn(16, 32)
     with substitute("fused"):
         a = chain(x)
     g0 = report().graphs
-    with substitute("fused"):
-        b = chain(torch.randn(16, 32))
-    assert a.shape == b.shape
+    with no_fallbacks(kernels=["silu"], programs=1):
+        with substitute("fused"):
+            b = chain(x2)
     g1 = report().graphs
     assert g1["memo_hits"] == g0["memo_hits"] + 1
     assert g1["compiled"] == g0["compiled"]
+    # The reused program computes the new inputs' values, not the old ones'.
+    torch.testing.assert_close(a, chain(x), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b, chain(x2), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(a, b)
 
 
 @pytest.mark.parametrize("point", ["item", "numpy", "cpu", "print", "control_flow", "tolist"])
@@ -107,10 +116,20 @@ def test_program_failure_replays_in_pytorch(monkeypatch):
 
     monkeypatch.setattr(FusedMode, "_run_program", broken)
     x = torch.randn(8, 8)
-    with substitute("fused"):
-        y = chain(x)
+    before = report().fallbacks("fused", "replay")
+    with error_policy("fallback"):
+        with substitute("fused"):
+            y = chain(x)
     torch.testing.assert_close(y, chain(x), rtol=1e-4, atol=1e-4)
     assert "program exploded" in report().ops["fused"]["last_fallback"]
+    assert report().fallbacks("fused", "replay") == before + 1  # an error, counted as a replay
+    # The helper sees the replay; under the "raise" policy it is an InternalError.
+    with pytest.raises(AssertionError, match="fused: 1 error \\(replay\\)"):
+        with no_fallbacks(), error_policy("fallback"), substitute("fused"):
+            y = chain(x)  # a live result: a dead one is never materialised
+    with pytest.raises(InternalError, match="program exploded"):
+        with error_policy("raise"), substitute("fused"):
+            y = chain(x)
 
 
 def test_other_devices_run_as_usual():
@@ -135,7 +154,11 @@ def test_recording_failure_runs_the_op(monkeypatch):
 
     monkeypatch.setattr(FusedMode, "_record", broken)
     x = torch.randn(4, 4)
-    with substitute("fused"):
-        y = torch.tanh(x) * 2
+    with error_policy("fallback"):
+        with substitute("fused"):
+            y = torch.tanh(x) * 2
     torch.testing.assert_close(y, torch.tanh(x) * 2)
     assert "recorder exploded" in report().ops["fused"]["last_fallback"]
+    with pytest.raises(InternalError, match="recorder exploded"):
+        with error_policy("raise"), substitute("fused"):
+            y = torch.tanh(x) * 2

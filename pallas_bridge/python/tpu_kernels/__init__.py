@@ -9,7 +9,10 @@ dispatched from PyTorch through PJRT.
 - Dispatch: :func:`dispatch`, :func:`call`, :class:`Dispatcher`, :func:`stats`,
   :func:`cache_stats`.
 - Checks: :func:`emit`, :func:`compile_tpu`, :func:`run_cpu`.
-- Errors: :mod:`tpu_kernels.errors`.
+- Errors: :mod:`tpu_kernels.errors`; :func:`error_policy` / :func:`set_error_policy` say
+  whether a failure of a kernel or of tpu_kernels' own code raises or falls back (counted).
+- Tests: :mod:`tpu_kernels.testing` (``no_fallbacks``: a block fails if anything fell back or
+  replayed in PyTorch; ``inject_fault``; the numerics tolerance table).
 
 jax and torch are imported only when needed.
 """
@@ -27,7 +30,9 @@ from .errors import (
     CpuRunError,
     ExportError,
     FallbackError,
+    InternalError,
     JaxNotInstalledError,
+    LoweringDeclined,
     ModuleParseError,
     NoKernelError,
     NotJaxError,
@@ -38,6 +43,8 @@ from .errors import (
     SymbolicShapeError,
     TpuCompileError,
     TpuKernelsError,
+    error_policy,
+    set_error_policy,
 )
 from .jax_import import (
     ImportedKernel,
@@ -97,7 +104,9 @@ __all__ = [
     "ExportError",
     "FallbackError",
     "ImportedKernel",
+    "InternalError",
     "JaxNotInstalledError",
+    "LoweringDeclined",
     "ModuleParseError",
     "NoKernelError",
     "NotJaxError",
@@ -115,6 +124,7 @@ __all__ = [
     "default_dispatcher",
     "dispatch",
     "emit",
+    "error_policy",
     "errors",
     "guards",
     "jax_kernel",
@@ -126,6 +136,7 @@ __all__ = [
     "run_cpu",
     "save_mlir",
     "select",
+    "set_error_policy",
     "stats",
     "unregister",
 ]

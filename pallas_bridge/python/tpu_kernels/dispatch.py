@@ -3,7 +3,8 @@
 Tensors go into Rust through DLPack without a copy; kernel outputs come back as torch tensors
 that alias the PJRT output buffers (DLPack again, no copy). A call that runs no kernel falls back
 to the original op (an ATen op) or to the JAX function (a new op defined by an imported kernel),
-and the fallback is counted with its reason.
+and the fallback is counted with its reason (`stats()`); a kernel's build, compile or execute
+failure raises `InternalError` instead under the "raise" error policy.
 """
 
 from __future__ import annotations
@@ -14,7 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _native
-from .errors import FallbackError
+from .errors import FallbackError, InternalError, error_policy
+
+# Fallback categories that are a kernel's failure, not "no kernel takes this call" (the same
+# classes as `tpu_kernels.torch.report()`).
+_ERRORS = frozenset({"build", "compile", "execute"})
 
 _fallbacks: dict[str, Callable[..., Any]] = {}
 _lock = threading.Lock()
@@ -56,8 +61,10 @@ def dispatch(op: str, *tensors: Any, dispatcher: _native.Dispatcher | None = Non
     try:
         outs = call(op, *tensors, dispatcher=dispatcher, **statics)
     except FallbackError as e:
-        if dispatcher is not None and dispatcher.strict:
+        if dispatcher is not None and dispatcher.no_fallback:
             raise
+        if e.category in _ERRORS and error_policy() == "raise":
+            raise InternalError(str(e)) from e
         return _fall_back(e.op or _native_normalize(op), tensors, statics)
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -60,6 +60,20 @@ class NoKernelError(TpuKernelsError, LookupError):
     """No kernel is registered under a name, or none accepts a call."""
 
 
+class InternalError(TpuKernelsError, RuntimeError):
+    """A kernel or tpu_kernels' own code failed (a build, compile, lowering or execute error, a
+    fused program or compiled graph that could not run, an exception in the binding code) and
+    the error policy is ``"raise"`` (see :func:`set_error_policy`). Under the default policy the
+    same failure is counted (``report()`` lists it under its category) and the op runs in
+    PyTorch instead."""
+
+
+class LoweringDeclined(TpuKernelsError, ValueError):
+    """A graph has a node no kernel takes and the default lowering does not cover (an op, or
+    argument values, outside both): the graph, or that node, runs in PyTorch. Not a failure of
+    tpu_kernels, so never an :class:`InternalError`; the message names the nodes."""
+
+
 class FallbackError(TpuKernelsError, RuntimeError):
     """A dispatched call ran no kernel; ``category`` says why, the message says the rest."""
 
@@ -70,3 +84,29 @@ class FallbackError(TpuKernelsError, RuntimeError):
         self.category = category
         self.op = op
         self.kernel = kernel
+
+
+_POLICIES = ("fallback", "raise")
+
+
+def _native_bridge():
+    from ._native import torch_bridge
+
+    return torch_bridge
+
+
+def error_policy() -> str:
+    """What happens when a kernel or tpu_kernels' own code fails: ``"fallback"`` (the default:
+    the failure is counted by category and the op, program or graph runs in PyTorch) or
+    ``"raise"`` (:class:`InternalError`). The environment variable ``TPUK_ON_ERROR=raise`` sets
+    ``"raise"`` for the whole process. A call that no kernel takes (a dtype, shape or device
+    the kernels do not cover) is not an error: it always falls back, counted as such."""
+    return "raise" if _native_bridge().raise_errors() else "fallback"
+
+
+def set_error_policy(policy: str) -> str:
+    """Sets :func:`error_policy` for the process; returns the previous one."""
+    if policy not in _POLICIES:
+        raise ValueError(f"error policy must be one of {', '.join(map(repr, _POLICIES))}, not {policy!r}")
+    previous = _native_bridge().set_raise_errors(policy == "raise")
+    return "raise" if previous else "fallback"

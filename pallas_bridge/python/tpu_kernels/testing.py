@@ -1,5 +1,22 @@
-"""Numerics checks for kernels: one tolerance table per dtype, and a comparison against a
-float64 reference.
+"""Test helpers: proof that a kernel or a program really ran, fault injection, and numerics
+checks against a float64 reference.
+
+A value check alone cannot tell a kernel's result from PyTorch's: every path here falls back to
+PyTorch when something goes wrong. A test that claims a kernel or a program ran wraps the work
+in :func:`no_fallbacks`, which fails if anything fell back, replayed or ran in PyTorch inside
+the block, and can demand that named kernels ran (counted when they run, eagerly or inside a
+fused or compiled program)::
+
+    from tpu_kernels.testing import no_fallbacks
+
+    with no_fallbacks(kernels=["silu"], programs=1):
+        with tpu_kernels.substitute("fused"):
+            y = F.silu(x) * 2
+
+:func:`inject_fault` makes a named kernel compute wrong values (NaN, or off by one), graph
+lowering fail, or a program fail at run time, so a test suite can show its tests fail when their
+subject breaks. ``TPUK_TEST_FAULT`` (comma-separated, read by :func:`apply_fault_env`, which the
+project's conftest calls) sets faults for a whole pytest run.
 
 Compare a kernel's output with the same op evaluated in float64 on the (upcast) inputs::
 
@@ -12,14 +29,36 @@ The reference is first rounded to the tested dtype, so the tolerance measures th
 arithmetic, not the output format: a kernel that is exact up to its final rounding is off by at
 most one unit in the last place (ulp) of the rounded reference.
 
+The rule is per element and has no escape: a case passes when every element is within
+``atol + rtol * |round(reference)|`` of the float64 reference rounded to the dtype; a NaN or an
+infinity the reference does not have is an error of infinite size. PyTorch eager's own error
+in the low-precision dtype is never used to excuse a kernel's (for several kernels eager is the
+reference formula itself run in bf16/f16: not an independent check).
+
 torch is imported when a function is called, not when the module is imported.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["TOLERANCES", "assert_close_to_reference", "reference_errors", "tolerance"]
+__all__ = [
+    "TOLERANCES",
+    "Ran",
+    "apply_fault_env",
+    "assert_close_to_reference",
+    "error_policy",
+    "inject_fault",
+    "no_fallbacks",
+    "reference_errors",
+    "tolerance",
+]
+
 
 # (rtol, atol) per dtype, applied as |actual - round(reference)| <= atol + rtol * |round(reference)|.
 #
@@ -137,3 +176,172 @@ def assert_close_to_reference(actual: Any, reference_f64: Any, dtype: Any = None
         f"(rounded {ref.flatten()[worst].item()!r}); max_abs {errors['max_abs']:.3g}, "
         f"max_rel {errors['max_rel']:.3g}, {errors['ratio']:.3g}x the tolerance"
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Proof that kernels and programs ran
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ran:
+    """What ran inside a :func:`no_fallbacks` block (filled in when the block exits)."""
+
+    #: Kernel name -> times it ran: eager calls, and each inlined call of each program run.
+    kernels: dict[str, int] = field(default_factory=dict)
+    #: Graph program runs (fused flushes and compiled graphs).
+    programs: int = 0
+    #: `(op, category)` -> fallbacks recorded in the block, allowed ones included.
+    fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _normalize(op: str) -> str:
+    name = op.rsplit("::", 1)[-1]
+    return op if "." in name or "::" not in op else f"{op}.default"
+
+
+def _snapshot() -> dict[str, Any]:
+    from . import stats as dispatcher_stats
+    from .torch import report
+
+    r = report()
+    fallbacks: dict[tuple[str, str], int] = defaultdict(int)
+    last: dict[str, str] = {}
+    kernels: dict[str, int] = defaultdict(int)
+    # The torch integration's counters (eager modes, fused, compiled, `torch.ops.tpuk.*`), then
+    # the dispatch API's (`tpu_kernels.dispatch`: ops defined by imported kernels).
+    for ops in (r.ops, dispatcher_stats()["ops"]):
+        for op, o in ops.items():
+            for c, n in o["fallbacks"].items():
+                fallbacks[(op, c)] += n
+            if o.get("last_fallback"):
+                last[op] = o["last_fallback"]
+            for k, n in o["kernels"].items():
+                kernels[k] += n
+    for k, n in r.graphs.get("kernels_run", {}).items():
+        kernels[k] += n
+    return {
+        "fallbacks": fallbacks,
+        "last": last,
+        "kernels": kernels,
+        "programs": r.graphs.get("runs", 0),
+        "eager_nodes": dict(r.compiled["eager_nodes"]),
+        "eager_reasons": dict(r.compiled["eager_reasons"]),
+    }
+
+
+@contextlib.contextmanager
+def no_fallbacks(
+    *,
+    kernels: Sequence[str] = (),
+    programs: int = 0,
+    ops: Sequence[str] | None = None,
+    allow: Mapping[str, str] | None = None,
+) -> Iterator[Ran]:
+    """Fails the block (``AssertionError`` on exit) unless what it claims ran, ran:
+
+    - no op fell back to PyTorch (only the ops in `ops`, when given), whatever the reason;
+    - no error was recorded: a kernel's build, compile or execute failure, an exception in the
+      binding code, a fused program replayed in PyTorch, a compiled graph run in PyTorch
+      instead of its program, a graph lowering failure (these count whatever `ops` says);
+    - no node of a ``torch.compile`` graph ran in PyTorch;
+    - each kernel in `kernels` ran at least once (eagerly, or inside a program run);
+    - at least `programs` graph programs ran.
+
+    `allow` maps an op (``"aten::cumsum.default"``) to why its fallbacks or PyTorch nodes are
+    expected in this block; they are then not failures. Yields a :class:`Ran`, filled in on
+    exit. An exception raised inside the block propagates unchanged.
+    """
+    from .torch._stats import ERRORS
+
+    allowed = {_normalize(k) for k in (allow or {})}
+    only = None if ops is None else {_normalize(o) for o in ops}
+    ran = Ran()
+    before = _snapshot()
+    yield ran
+    after = _snapshot()
+    problems: list[str] = []
+    for key, n in sorted(after["fallbacks"].items()):
+        delta = n - before["fallbacks"].get(key, 0)
+        if delta <= 0:
+            continue
+        op, category = key
+        ran.fallbacks[key] = delta
+        if op in allowed:
+            continue
+        if category not in ERRORS and only is not None and op not in only:
+            continue
+        kind = "error" if category in ERRORS else "fallback"
+        problems.append(f"{op}: {delta} {kind}{'s' if delta > 1 else ''} ({category}); last: {after['last'].get(op, '?')}")
+    for op, n in sorted(after["eager_nodes"].items()):
+        delta = n - before["eager_nodes"].get(op, 0)
+        if delta > 0 and op not in allowed:
+            problems.append(f"{op}: {delta} torch.compile node(s) ran in PyTorch: {after['eager_reasons'].get(op, '?')}")
+    ran.kernels = {
+        k: n - before["kernels"].get(k, 0) for k, n in after["kernels"].items() if n > before["kernels"].get(k, 0)
+    }
+    ran.programs = after["programs"] - before["programs"]
+    missing = [k for k in kernels if ran.kernels.get(k, 0) == 0]
+    if missing:
+        problems.append(
+            f"kernels that never ran in the block: {', '.join(missing)} "
+            f"(ran: {', '.join(f'{k}x{n}' for k, n in sorted(ran.kernels.items())) or 'none'})"
+        )
+    if ran.programs < programs:
+        problems.append(f"{ran.programs} graph program run(s) in the block, expected at least {programs}")
+    if problems:
+        raise AssertionError("work that should have run on tpu_kernels did not:\n  " + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults and the error policy
+# ---------------------------------------------------------------------------------------------
+
+FAULT_ENV = "TPUK_TEST_FAULT"
+
+
+def _bridge():
+    from ._native import torch_bridge
+
+    return torch_bridge
+
+
+@contextlib.contextmanager
+def inject_fault(*faults: str) -> Iterator[None]:
+    """Injects faults for the block, then restores the previous ones. Each fault is
+    ``"nan:KERNEL"`` / ``"offset:KERNEL"`` (every floating-point output of the kernel is NaN,
+    or off by one: the kernel's module is rewritten, so PJRT computes the wrong values eagerly
+    and inside programs), ``"lower"`` (graph lowering fails), ``"run"`` / ``"run:KERNEL"``
+    (every kernel call and program run fails at run time, or those of the kernel).
+    Programs compiled before the block keep their code; run faults reach every run."""
+    bridge = _bridge()
+    previous = bridge.faults()
+    bridge.set_faults(list(faults))
+    try:
+        yield
+    finally:
+        bridge.set_faults(previous)
+
+
+def apply_fault_env() -> list[str]:
+    """Injects the faults named in ``TPUK_TEST_FAULT`` (comma-separated) for the rest of the
+    process; returns them. For a whole test run: the project's conftest calls this."""
+    text = os.environ.get(FAULT_ENV, "").strip()
+    if not text:
+        return []
+    faults = [f.strip() for f in text.split(",") if f.strip()]
+    _bridge().set_faults(faults)
+    return faults
+
+
+@contextlib.contextmanager
+def error_policy(policy: str) -> Iterator[None]:
+    """Sets the error policy (``"fallback"`` or ``"raise"``, see
+    :func:`tpu_kernels.set_error_policy`) for the block."""
+    from .errors import set_error_policy
+
+    previous = set_error_policy(policy)
+    try:
+        yield
+    finally:
+        set_error_policy(previous)

@@ -17,6 +17,7 @@ import threading
 
 import torch
 
+from . import _stats
 from ._bindings import resolve_overload
 from ._native import native
 from ._references import REFERENCES
@@ -114,7 +115,10 @@ def _define(info: dict, op: str):
         r = native().call(key, tensors, statics, True)
         if len(r) == 3:
             # No kernel took the call (the dispatcher counted the fallback and its reason): the
-            # op's PyTorch reference computes it, where the op has one.
+            # op's PyTorch reference computes it, where the op has one. A kernel's failure
+            # raises instead under the "raise" error policy.
+            if r[1] in _stats.ERRORS:
+                _stats.raise_if_policy(r[2])
             reference = REFERENCES.get(key)
             if reference is None:
                 raise KernelOpError(f"{qualname}: {r[2]}")
@@ -168,6 +172,8 @@ def _register_autograd(qualname, backward, tensor_names, static_names, order, li
         else:
             r = native().call(bwd_op, [grad.contiguous(), *saved], list(statics.items()), True)
             if len(r) == 3:
+                if r[1] in _stats.ERRORS:
+                    _stats.raise_if_policy(r[2])
                 reference = REFERENCES.get(bwd_op)
                 if reference is None:
                     raise KernelOpError(f"{qualname} backward ({backward}): {r[2]}")

@@ -31,13 +31,40 @@ class _Local:
 
 LOCAL = _Local()
 
+# Why something ran in PyTorch instead of a kernel or a program, in two classes.
+#
+# Declined: no kernel takes the call (its dtype, shape, device, layout or a static value is
+# outside every kernel's guards, the kernel body refused the case (`unsupported`), or the op's
+# binding was refused; a fused program replayed because a recorded node is one no kernel takes
+# and no default lowering covers: `unlowerable`). Expected; counted.
+DECLINED = frozenset({"no_kernel", "unsupported", "bad_input", "schema_refused", "unlowerable"})
+# Errors: a kernel or this package's own code failed. `build`, `compile`, `execute`: a kernel
+# selected for the call could not be built, compiled or run. `internal`: an exception in the
+# binding code. `replay`: a fused program or a compiled graph could not run and its ops ran in
+# PyTorch. `lower`: a graph could not be lowered for a reason that names no node. Counted, and
+# raised under the "raise" error policy (`tpu_kernels.set_error_policy`).
+ERRORS = frozenset({"build", "compile", "execute", "internal", "replay", "lower"})
+
 
 def record_fallback(op: str, category: str, message: str) -> None:
+    """Counts a fallback decided on the Python side; an error-class one raises `InternalError`
+    under the "raise" policy (after it is counted)."""
     # Ticked on the registry's clock, so `report()` shows whichever record is the latest.
     seq = native().next_fallback_seq()
     with LOCAL.lock:
         LOCAL.fallbacks[op][category] += 1
         LOCAL.last[op] = (seq, message)
+    if category in ERRORS:
+        raise_if_policy(message)
+
+
+def raise_if_policy(message: str) -> None:
+    """Raises `InternalError(message)` under the "raise" error policy; for failures already
+    counted elsewhere (by the native dispatcher)."""
+    if native().raise_errors():
+        from ..errors import InternalError
+
+        raise InternalError(message)
 
 
 def record_fused_flush(n_ops: int, reason: str) -> None:
@@ -57,7 +84,12 @@ def record_graph(name: str, kernels: list[str], n_nodes: int, eager: dict[str, s
 
 @dataclass
 class Report:
-    """A snapshot of the counters; `str()` renders a table."""
+    """A snapshot of the counters; `str()` renders a table.
+
+    Fallback categories fall in two classes: :data:`DECLINED` (no kernel takes the call) and
+    :data:`ERRORS` (a kernel or this package failed; the op, program or graph ran in PyTorch).
+    Fused programs record theirs under the op ``"fused"``, compiled graphs under
+    ``"graph:NAME"``."""
 
     ops: dict
     kernel_time_s: float
@@ -72,16 +104,28 @@ class Report:
             return sum(o["substituted"] for o in self.ops.values())
         return self.ops.get(op, {}).get("substituted", 0)
 
-    def fallbacks(self, op: str | None = None) -> int:
+    def fallbacks(self, op: str | None = None, category: str | None = None) -> int:
+        """Fallbacks of `op` (every op, fused programs and compiled graphs when None), of
+        `category` (every category when None)."""
         items = self.ops.values() if op is None else [self.ops.get(op, {"fallbacks": {}})]
-        return sum(sum(o["fallbacks"].values()) for o in items)
+        return sum(n for o in items for c, n in o["fallbacks"].items() if category is None or c == category)
+
+    def errors(self) -> int:
+        """Fallbacks caused by a failure of a kernel or of tpu_kernels' code (:data:`ERRORS`)."""
+        return sum(n for o in self.ops.values() for c, n in o["fallbacks"].items() if c in ERRORS)
+
+    def declined(self) -> int:
+        """Fallbacks of calls no kernel takes (:data:`DECLINED`)."""
+        return sum(n for o in self.ops.values() for c, n in o["fallbacks"].items() if c not in ERRORS)
 
     def kernels_ran(self) -> dict[str, int]:
+        """How many times each kernel ran: eager calls, plus one per inlined call in each run of
+        a graph program (fused or compiled). Counted when they run, not when they are lowered."""
         out: dict[str, int] = defaultdict(int)
         for o in self.ops.values():
             for k, n in o["kernels"].items():
                 out[k] += n
-        for k, n in self.graphs.get("kernels", {}).items():
+        for k, n in self.graphs.get("kernels_run", {}).items():
             out[k] += n
         return dict(out)
 
@@ -99,6 +143,11 @@ class Report:
             f"compile cache: {c.get('memory_hits', 0)} memory hits, {c.get('disk_hits', 0)} disk hits, "
             f"{c.get('misses', 0)} misses, {c.get('compiles', 0)} compiles ({c.get('compile_time_s', 0.0):.2f} s)"
         )
+        if c.get("untrusted"):
+            lines.append(
+                f"  {c['untrusted']} disk-cache loads refused: the cache directory or an entry is not this "
+                "user's alone (owner, or group/other write permission); compiled instead"
+            )
         g = self.graphs
         lines.append(
             f"graph programs: {g.get('compiled', 0)} compiled, {g.get('memo_hits', 0)} reused by fingerprint, "
@@ -106,6 +155,10 @@ class Report:
         )
         if g.get("kernels"):
             lines.append("  kernels inlined: " + ", ".join(f"{k}x{v}" for k, v in sorted(g["kernels"].items())))
+        if g.get("kernels_run"):
+            lines.append("  kernels run in programs: " + ", ".join(f"{k}x{v}" for k, v in sorted(g["kernels_run"].items())))
+        if self.errors():
+            lines.append(f"errors (a kernel or tpu_kernels failed; see the fallbacks above): {self.errors()}")
         f = self.fused
         if f["flushes"]:
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(f["reasons"].items()))

@@ -7,6 +7,11 @@ functions reached by `func.call`), compiled once (cached by fingerprint) and run
 client. Nodes the lowering cannot take split the graph: the lowerable runs become programs, the
 rest run in PyTorch, and `report()` lists them with the reason.
 
+A program that fails at run time, or a graph whose lowering fails for a reason that names no
+node, is an error: counted in `report()` (op `"graph:NAME"`, category `replay` or `lower`) and
+the graph runs in PyTorch, or `InternalError` under the "raise" error policy
+(`tpu_kernels.set_error_policy`).
+
 Decompositions: the core ATen table minus its three scaled-dot-product entries; with them,
 SDPA gradients are silently wrong while training.
 """
@@ -19,6 +24,7 @@ import re
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
+from ..errors import InternalError, LoweringDeclined
 from . import _stats as _report
 from ._bindings import op_key
 from ._native import native
@@ -67,7 +73,8 @@ def _out_meta(gm: torch.fx.GraphModule):
 
 
 class _Program:
-    """Runs one lowered graph; on a runtime failure, runs the graph in PyTorch instead."""
+    """Runs one lowered graph; on a runtime failure (an error, counted as `replay`), runs the
+    graph in PyTorch instead, or raises under the "raise" error policy."""
 
     def __init__(self, program, gm: torch.fx.GraphModule) -> None:
         self.program = program
@@ -81,7 +88,9 @@ class _Program:
             tensors = [a.detach().contiguous() for a in args]
             caps = self.program.run(tensors)
         except Exception as e:  # a kernel-side failure: run the graph in PyTorch
-            _report.record_fallback(f"graph:{self.program.name}", "execute", f"{type(e).__name__}: {e}")
+            _report.record_fallback(
+                f"graph:{self.program.name}", "replay", f"graph ran in PyTorch: {type(e).__name__}: {e}"
+            )
             return self.gm(*args)
         outs = []
         it = iter(caps)
@@ -129,6 +138,7 @@ def compile_graph_module(gm: torch.fx.GraphModule, name: str):
     bad: set[str] = set()
     reasons: dict[str, str] = {}
     calls = [n for n in gm.graph.nodes if n.op == "call_function"]
+    whole = "graph not lowered"
     for _ in range(_MAX_SPLITS):
         ok = _supported_pred(supported, bad)
         for n in calls:
@@ -141,6 +151,12 @@ def compile_graph_module(gm: torch.fx.GraphModule, name: str):
                 program = _lower(gm, name)
             except (ValueError, Unencodable) as e:
                 if not _blame(gm, str(e), bad, reasons):
+                    whole = f"graph not lowered: {type(e).__name__}: {str(e)[:300]}"
+                    if not isinstance(e, (Unencodable, LoweringDeclined)):
+                        # A lowering failure that names no node is no op's to decline: an error.
+                        # (Unencodable: the graph has what the format cannot carry, such as
+                        # symbolic sizes: declined, its nodes listed as run in PyTorch.)
+                        _report.record_fallback(f"graph:{name}", "lower", whole)
                     break
                 continue
             _report.record_graph(name, program.kernels, len(calls), {})
@@ -150,7 +166,7 @@ def compile_graph_module(gm: torch.fx.GraphModule, name: str):
             return result
     # Nothing lowers: the whole graph runs in PyTorch.
     eager = {op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target): reasons.get(
-        op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target), "graph not lowered")
+        op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target), whole)
         for n in calls if n.target is not operator.getitem}
     _report.record_graph(name, [], len(calls), eager)
     return gm
@@ -197,7 +213,12 @@ def _split(gm, name, ok, bad, reasons):
         except (ValueError, Unencodable) as e:
             if _blame(gm, str(e), bad, reasons):
                 return None
-            # The error names no node of the original graph: run this part in PyTorch.
+            # The error names no node of the original graph: this part runs in PyTorch; a
+            # lowering failure (not a graph the format cannot carry) is an error.
+            if not isinstance(e, (Unencodable, LoweringDeclined)):
+                _report.record_fallback(
+                    f"graph:{name}_{child_name}", "lower", f"graph not lowered: {type(e).__name__}: {str(e)[:500]}"
+                )
             for n in child.graph.nodes:
                 if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
                     reasons.setdefault(op_key(n.target), str(e).splitlines()[0][:300])
@@ -249,7 +270,9 @@ def _compiler(kind: str):
         name = f"{kind}_{counter[0]}"
         try:
             compiled = compile_graph_module(gm, name)
-        except Exception as e:  # never fail the user's compile: the graph runs in PyTorch
+        except InternalError:
+            raise
+        except Exception as e:  # an error: counted; the graph runs in PyTorch unless "raise"
             _report.record_fallback(f"graph:{name}", "lower", f"{type(e).__name__}: {e}")
             compiled = gm
 

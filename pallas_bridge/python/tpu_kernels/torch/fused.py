@@ -15,7 +15,11 @@ placeholders run at once (they only touch metadata); the placeholder they view i
 program output.
 
 If a recorded graph cannot be lowered, compiled or run, its ops are replayed one by one in
-PyTorch (the fallback is counted in `report()`), so values are always right.
+PyTorch, so values are always right. The replay is counted in `report()` under the op
+`"fused"`: as `unlowerable` when a recorded node is one no kernel takes and the default
+lowering does not cover (declined, like a call no kernel takes), else as `replay`, an error,
+raised as `InternalError` under the "raise" error policy (`tpu_kernels.set_error_policy`). A
+failure while recording is counted as `internal`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from ..errors import InternalError, LoweringDeclined
 from . import _stats
 from ._bindings import TABLE, cpu_output_dtype, op_key, resolve_overload
 from ._native import native
@@ -151,7 +156,9 @@ class FusedMode(TorchDispatchMode):
             return self._dispatch(func, args, kwargs)
         except _UserError as e:
             raise e.error from None
-        except Exception as e:  # never crash the user's program for a recording failure
+        except InternalError:  # a materialisation's error under the "raise" policy
+            raise
+        except Exception as e:  # a recording failure is an error: counted, raised under "raise"
             _stats.record_fallback("fused", "internal", f"recording `{op_key(func)}` failed: {type(e).__name__}: {e}")
             if self.nodes:
                 self.flush("internal error")
@@ -329,9 +336,14 @@ class FusedMode(TorchDispatchMode):
                 try:
                     if live:
                         self._run_program(live)
+                except LoweringDeclined as e:  # a recorded op no kernel or lowering takes
+                    _stats.record_fallback(
+                        "fused", "unlowerable", f"fused program replayed in PyTorch: {str(e)[:500]}"
+                    )
+                    self._replay(live)
                 except Exception as e:  # lowering, compile or execute failed: replay in PyTorch
                     _stats.record_fallback(
-                        "fused", "program", f"fused program falls back to PyTorch: {type(e).__name__}: {str(e)[:500]}"
+                        "fused", "replay", f"fused program replayed in PyTorch: {type(e).__name__}: {str(e)[:500]}"
                     )
                     self._replay(live)
                 _stats.record_fused_flush(n_ops, reason.split(" ")[0])

@@ -6,8 +6,11 @@ passed through DLPack (the kernel reads them where they are; its outputs come ba
 tensors over the PJRT buffers, no copy); every other op runs as usual.
 
 - `strict`: one op at a time, no checks; a call no kernel can take (dtype, shape guard, device,
-  non-contiguous or overlapping input, a kernel-side error) falls back to the original op with
-  the reason recorded in `report()`. Asynchronous where PJRT allows: on the CPU plugin an
+  non-contiguous or overlapping input) falls back to the original op with the reason recorded
+  in `report()`. A failure of a kernel or of this package's code (build, compile, execute, an
+  exception in the binding code) is counted as an error (`report().errors()`); it falls back
+  too under the default error policy and raises `InternalError` under `"raise"`
+  (`tpu_kernels.set_error_policy`, `TPUK_ON_ERROR=raise`). Asynchronous where PJRT allows: on the CPU plugin an
   output's memory can only be handed to torch once the execution that writes it is done, so
   each call returns when its kernel has finished (no extra synchronisation beyond that).
 - `debug`: synchronous, and each substituted op's outputs are checked against the op's own
@@ -124,11 +127,23 @@ class SubstituteMode(TorchDispatchMode):
                 return torch.from_dlpack(r)
             if len(r) == 2:
                 return plan.mask_outputs(tuple(as_tensor(o) for o in r[1]), args, kwargs)
-            if r[1] == "dlpack":  # never reached the dispatcher's counters
-                _report.record_fallback(plan.key, "bad_input", r[2])
-        except Exception as e:  # never crash the user's program for a kernel-side failure
+        except Exception as e:
+            # An exception in this package's code is an error, never a silent "no kernel":
+            # counted as `internal`, raised under the "raise" policy, else the op runs as usual.
             _report.record_fallback(plan.key, "internal", f"`{plan.key}` falls back: {type(e).__name__}: {e}")
+            return func(*args, **kwargs)
+        self._native_fallback(plan.key, r)
         return func(*args, **kwargs)
+
+    @staticmethod
+    def _native_fallback(key: str, r) -> None:
+        """A call the native side answered with `(kernel, category, message)`: the dispatcher
+        counted it, except for inputs it never saw (`dlpack`); an error-class one raises under
+        the "raise" policy."""
+        if r[1] == "dlpack":  # never reached the dispatcher's counters
+            _report.record_fallback(key, "bad_input", r[2])
+        elif r[1] in _report.ERRORS:
+            _report.raise_if_policy(r[2])
 
     def _refusing(self, func, plan, tensors, statics, args, kwargs):
         """A call of an op some of whose kernels were refused: a refused kernel's result is
@@ -139,8 +154,8 @@ class SubstituteMode(TorchDispatchMode):
                 outs = plan.mask_outputs(tuple(as_tensor(o) for o in r[1]), args, kwargs)
                 return outs[0] if len(outs) == 1 else outs
             _report.record_fallback(plan.key, "schema_refused", plan.refused[r[0]])
-        elif r[1] == "dlpack":
-            _report.record_fallback(plan.key, "bad_input", r[2])
+        else:
+            self._native_fallback(plan.key, r)
         return func(*args, **kwargs)
 
     def _debug(self, func, plan, args, kwargs):
