@@ -504,7 +504,12 @@ pub fn rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Result<Tensor, BuildError>
 
 /// A build error for a tensor whose element type differs from the first input's.
 fn dtype_error(kernel: &str, message: String) -> BuildError {
-    BuildError { kernel: kernel.to_owned(), op: "dtype", kind: crate::ErrorKind::Unsupported, message }
+    BuildError {
+        kernel: kernel.to_owned(),
+        op: "dtype",
+        kind: crate::ErrorKind::Unsupported,
+        message,
+    }
 }
 
 /// `1 - beta^step` for an f32 `step` tensor, accurate for `beta` near 1.
