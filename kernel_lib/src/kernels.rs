@@ -530,8 +530,9 @@ fn one_minus_pow<'b>(beta: f64, step: Tensor<'b>) -> Tensor<'b> {
 /// `v = beta2 * v + (1 - beta2) * g²`; `p -= lr / (1 - beta1^t) * m / (sqrt(v) /
 /// sqrt(1 - beta2^t) + eps)`. Computed in f32 for 16-bit tensors (`param`, `grad`, `exp_avg`,
 /// `exp_avg_sq` share one element type and one shape). `param`, `exp_avg` and `exp_avg_sq` are
-/// donated to outputs 0, 1 and 2 (`tf.aliasing_output`): an execution given owned buffers
-/// updates them in place. Inputs no AdamW state has are clamped so the update stays finite: a
+/// marked for donation to outputs 0, 1 and 2 (`tf.aliasing_output`): an execution given owned
+/// buffers would update them in place. No user path does yet: the dispatcher passes borrowed
+/// buffers, so the state is copied every step. Inputs no AdamW state has are clamped so the update stays finite: a
 /// `step` below 1 counts as 1, a negative `exp_avg_sq` as 0.
 #[tpu_kernel(
     op = "tpuk::adamw_step",

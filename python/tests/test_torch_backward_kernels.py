@@ -189,7 +189,9 @@ def test_compiled_pre_norm_backward_keeps_partial_output_masks_in_the_graph():
     ref = step()
     n = len(report().compiled["graphs"])
     eager_before = dict(report().compiled["eager_nodes"])
-    got = torch.compile(step, backend="tpu_kernels")()
+    with no_fallbacks(kernels=["layer_norm_backward"], programs=2) as ran:
+        got = torch.compile(step, backend="tpu_kernels")()
+    assert ran.kernels["layer_norm_backward"] == 2, ran.kernels
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     backward = [g for g in report().compiled["graphs"][n:] if g["name"].startswith("backward")]
