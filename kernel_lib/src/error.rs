@@ -28,6 +28,13 @@ pub enum ErrorKind {
     /// as a `half_to_float` softmax backward): not a bug, so a dispatcher counts the call as
     /// declined rather than as a kernel's failure.
     Unsupported,
+    /// A tiled kernel's block shape breaks the TPU's tiling rule for its last two dims.
+    Tiling,
+    /// A tiled kernel's index map leaves its array, or its grid leaves part of an output
+    /// unwritten.
+    Coverage,
+    /// A tiled kernel's blocks (double-buffered) and scratch exceed the target's scoped VMEM.
+    VmemLimit,
 }
 
 /// A rejected builder call: names the kernel, the op and the types involved.

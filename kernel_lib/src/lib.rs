@@ -10,12 +10,15 @@
 //!   input types, as jaxlib's shape refinement does, so XLA compiles it.
 //! - [`registration`]: the record every kernel registers through, collected with `inventory`.
 //! - [`kernels`]: the standard kernels.
+//! - [`mosaic`]: tiled TPU kernels: a Mosaic IR over a grid of VMEM blocks, its checks, its
+//!   printer and the `tpu_custom_call` module that carries it.
 
 pub mod builder;
 mod error;
 pub mod ir;
 pub mod kernels;
 pub mod literal;
+pub mod mosaic;
 pub mod printer;
 pub mod reader;
 pub mod refine;

@@ -1,0 +1,423 @@
+//! The typed, fallible builder of Mosaic kernels.
+//!
+//! Declare the grid, then the windows (inputs, then outputs) and scratch buffers, then write the
+//! body: every op infers its result type with [`infer`](super::ir::infer) and refuses operands it
+//! cannot take with a [`BuildError`] naming the kernel, the op and the types. [`finish`]
+//! verifies the kernel and checks its tiling and coverage (see [`check`](super::check)).
+//!
+//! [`finish`]: TiledBuilder::finish
+
+use crate::error::{BuildError, ErrorKind};
+use crate::ir::{RegionId, ValueId};
+use crate::types::{DType, TensorType};
+
+use super::ir::{
+    BinaryOp, Compare, IndexExpr, InferCx, Instr, Kernel, Op, Reduce, Region, Scalar, Semantics,
+    UnaryOp, Window, infer, op_name,
+};
+use super::types::MType;
+
+/// A value of the kernel being built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MValue(pub ValueId);
+
+/// Builds one [`Kernel`].
+#[derive(Debug)]
+pub struct TiledBuilder {
+    kernel: Kernel,
+    /// The region ops go to, innermost last.
+    stack: Vec<RegionId>,
+    /// Whether the body has ops (windows and scratch come before).
+    started: bool,
+    outputs_started: bool,
+}
+
+struct Cx<'a>(&'a [MType]);
+
+impl InferCx for Cx<'_> {
+    fn ty(&self, v: ValueId) -> &MType {
+        &self.0[v.0 as usize]
+    }
+}
+
+impl TiledBuilder {
+    /// A kernel `name` over `grid`, one [`Semantics`] per grid axis.
+    pub fn new(
+        name: impl Into<String>,
+        grid: &[u64],
+        semantics: &[Semantics],
+    ) -> Result<TiledBuilder, BuildError> {
+        let name = name.into();
+        let err = |message: String| BuildError {
+            kernel: name.clone(),
+            op: "grid",
+            kind: ErrorKind::Shape,
+            message,
+        };
+        if grid.len() != semantics.len() {
+            return Err(err(format!(
+                "{} grid axes but {} dimension semantics",
+                grid.len(),
+                semantics.len()
+            )));
+        }
+        if grid.is_empty() {
+            return Err(err(
+                "a tiled kernel has at least one grid axis (one step: grid [1])".into()
+            ));
+        }
+        if let Some(axis) = grid.iter().position(|g| *g == 0) {
+            return Err(err(format!("grid axis {axis} has no steps")));
+        }
+        let kernel = Kernel {
+            name,
+            grid: grid.to_vec(),
+            semantics: semantics.to_vec(),
+            windows: Vec::new(),
+            num_inputs: 0,
+            scratch: Vec::new(),
+            values: vec![MType::Scalar(DType::I32); grid.len()],
+            regions: vec![Region::default()],
+        };
+        Ok(TiledBuilder {
+            kernel,
+            stack: vec![RegionId(0)],
+            started: false,
+            outputs_started: false,
+        })
+    }
+
+    fn error(&self, op: &'static str, kind: ErrorKind, message: String) -> BuildError {
+        BuildError { kernel: self.kernel.name.clone(), op, kind, message }
+    }
+
+    fn window(
+        &mut self,
+        what: &'static str,
+        array: TensorType,
+        block: &[u64],
+        index_map: &[IndexExpr],
+    ) -> Result<MValue, BuildError> {
+        if self.started || !self.kernel.scratch.is_empty() {
+            let m = "windows are declared before scratch buffers and the body".to_owned();
+            return Err(self.error(what, ErrorKind::Verify, m));
+        }
+        let n = self.kernel.windows.len();
+        let Some(dims) = array.shape.static_dims() else {
+            return Err(self.error(
+                what,
+                ErrorKind::Shape,
+                format!("window {n}: {array} has symbolic dims"),
+            ));
+        };
+        if block.len() != dims.len() || index_map.len() != dims.len() {
+            let m = format!(
+                "window {n}: block {block:?} and index map of {} dims for {array} of rank {}",
+                index_map.len(),
+                dims.len()
+            );
+            return Err(self.error(what, ErrorKind::Shape, m));
+        }
+        if let Some(IndexExpr::Grid(axis)) = index_map
+            .iter()
+            .find(|e| matches!(e, IndexExpr::Grid(a) if *a >= self.kernel.grid.len()))
+        {
+            let m = format!(
+                "window {n}: the index map reads grid axis {axis} of a {}-axis grid",
+                self.kernel.grid.len()
+            );
+            return Err(self.error(what, ErrorKind::Axis, m));
+        }
+        self.kernel.windows.push(Window {
+            array: array.clone(),
+            block: block.to_vec(),
+            index_map: index_map.to_vec(),
+        });
+        self.kernel.values.push(MType::vmem(array.dtype, block));
+        Ok(MValue(ValueId((self.kernel.values.len() - 1) as u32)))
+    }
+
+    /// An input: the array, its block shape, and the block index per dim from the grid.
+    pub fn input(
+        &mut self,
+        array: TensorType,
+        block: &[u64],
+        index_map: &[IndexExpr],
+    ) -> Result<MValue, BuildError> {
+        if self.outputs_started {
+            let m = "inputs are declared before outputs".to_owned();
+            return Err(self.error("input", ErrorKind::Verify, m));
+        }
+        let v = self.window("input", array, block, index_map)?;
+        self.kernel.num_inputs += 1;
+        Ok(v)
+    }
+
+    /// An output: the array, its block shape, and the block index per dim from the grid.
+    pub fn output(
+        &mut self,
+        array: TensorType,
+        block: &[u64],
+        index_map: &[IndexExpr],
+    ) -> Result<MValue, BuildError> {
+        self.outputs_started = true;
+        self.window("output", array, block, index_map)
+    }
+
+    /// A scratch buffer (a memref), kept across grid steps.
+    pub fn scratch(&mut self, ty: MType) -> Result<MValue, BuildError> {
+        if self.started {
+            let m = "scratch buffers are declared before the body".to_owned();
+            return Err(self.error("scratch", ErrorKind::Verify, m));
+        }
+        if !ty.is_memref() {
+            return Err(self.error(
+                "scratch",
+                ErrorKind::DType,
+                format!("scratch must be a memref, not {ty}"),
+            ));
+        }
+        self.kernel.scratch.push(ty.clone());
+        self.kernel.values.push(ty);
+        Ok(MValue(ValueId((self.kernel.values.len() - 1) as u32)))
+    }
+
+    /// The index of grid axis `axis` (an `i32` scalar).
+    pub fn program_id(&self, axis: usize) -> Result<MValue, BuildError> {
+        if axis >= self.kernel.grid.len() {
+            let m = format!("axis {axis} of a {}-axis grid", self.kernel.grid.len());
+            return Err(self.error("program_id", ErrorKind::Axis, m));
+        }
+        Ok(MValue(ValueId(axis as u32)))
+    }
+
+    /// The number of steps of grid axis `axis`, as an `i32` constant.
+    pub fn num_programs(&mut self, axis: usize) -> Result<MValue, BuildError> {
+        let Some(n) = self.kernel.grid.get(axis).copied() else {
+            let m = format!("axis {axis} of a {}-axis grid", self.kernel.grid.len());
+            return Err(self.error("num_programs", ErrorKind::Axis, m));
+        };
+        self.constant(Scalar::Int(n as i64), MType::Scalar(DType::I32))
+    }
+
+    /// The type of `v`.
+    pub fn ty(&self, v: MValue) -> &MType {
+        self.kernel.ty(v.0)
+    }
+
+    /// Appends `op`; returns its results.
+    fn push(&mut self, op: Op) -> Result<Vec<MValue>, BuildError> {
+        self.started = true;
+        let cx = Cx(&self.kernel.values);
+        let name = op_name(&op, &cx);
+        let types = infer(&op, &cx).map_err(|e| e.in_kernel(&self.kernel.name, name))?;
+        let mut results = Vec::with_capacity(types.len());
+        for t in types {
+            self.kernel.values.push(t);
+            results.push(ValueId((self.kernel.values.len() - 1) as u32));
+        }
+        let region = *self.stack.last().unwrap_or(&RegionId(0));
+        self.kernel.regions[region.0 as usize].instrs.push(Instr { op, results: results.clone() });
+        Ok(results.into_iter().map(MValue).collect())
+    }
+
+    fn one(&mut self, op: Op) -> Result<MValue, BuildError> {
+        let name = op_name(&op, &Cx(&self.kernel.values));
+        self.push(op)?.pop().ok_or_else(|| self.error(name, ErrorKind::Verify, "no result".into()))
+    }
+
+    /// A scalar, `index` or splat vector constant.
+    pub fn constant(&mut self, value: Scalar, ty: MType) -> Result<MValue, BuildError> {
+        self.one(Op::Constant { value, ty })
+    }
+
+    /// A vector of `shape` with every element `value` (rounded to `dtype`).
+    pub fn splat(&mut self, dtype: DType, shape: &[u64], value: f64) -> Result<MValue, BuildError> {
+        let value = if dtype.is_float() { Scalar::Float(value) } else { Scalar::Int(value as i64) };
+        self.constant(value, MType::vector(dtype, shape))
+    }
+
+    /// An `i32` scalar constant.
+    pub fn i32(&mut self, value: i32) -> Result<MValue, BuildError> {
+        self.constant(Scalar::Int(i64::from(value)), MType::Scalar(DType::I32))
+    }
+
+    pub fn binary(&mut self, op: BinaryOp, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.one(Op::Binary(op, a.0, b.0))
+    }
+
+    pub fn add(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.binary(BinaryOp::Add, a, b)
+    }
+
+    pub fn sub(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.binary(BinaryOp::Sub, a, b)
+    }
+
+    pub fn mul(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.binary(BinaryOp::Mul, a, b)
+    }
+
+    pub fn div(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.binary(BinaryOp::Div, a, b)
+    }
+
+    pub fn max(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.binary(BinaryOp::Max, a, b)
+    }
+
+    pub fn unary(&mut self, op: UnaryOp, x: MValue) -> Result<MValue, BuildError> {
+        self.one(Op::Unary(op, x.0))
+    }
+
+    pub fn exp(&mut self, x: MValue) -> Result<MValue, BuildError> {
+        self.unary(UnaryOp::Exp, x)
+    }
+
+    pub fn rsqrt(&mut self, x: MValue) -> Result<MValue, BuildError> {
+        self.unary(UnaryOp::Rsqrt, x)
+    }
+
+    pub fn neg(&mut self, x: MValue) -> Result<MValue, BuildError> {
+        self.unary(UnaryOp::Neg, x)
+    }
+
+    pub fn compare(&mut self, c: Compare, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.one(Op::Compare(c, a.0, b.0))
+    }
+
+    pub fn select(&mut self, cond: MValue, a: MValue, b: MValue) -> Result<MValue, BuildError> {
+        self.one(Op::Select(cond.0, a.0, b.0))
+    }
+
+    /// A float value in another float type (`arith.extf` / `arith.truncf`); `x` itself when
+    /// it already has that type.
+    pub fn convert(&mut self, x: MValue, to: DType) -> Result<MValue, BuildError> {
+        if self.ty(x).dtype() == Some(to) {
+            return Ok(x);
+        }
+        self.one(Op::Convert { x: x.0, to })
+    }
+
+    pub fn broadcast(&mut self, x: MValue, shape: &[u64]) -> Result<MValue, BuildError> {
+        self.one(Op::Broadcast { x: x.0, shape: shape.to_vec() })
+    }
+
+    pub fn shape_cast(&mut self, x: MValue, shape: &[u64]) -> Result<MValue, BuildError> {
+        self.one(Op::ShapeCast { x: x.0, shape: shape.to_vec() })
+    }
+
+    fn zero_indices(
+        &mut self,
+        memref: MValue,
+        what: &'static str,
+    ) -> Result<Vec<ValueId>, BuildError> {
+        let ty = self.ty(memref).clone();
+        if !ty.is_memref() {
+            return Err(self.error(
+                what,
+                ErrorKind::DType,
+                format!("takes a block or a scratch buffer, not {ty}"),
+            ));
+        }
+        let zero = self.constant(Scalar::Int(0), MType::Index)?;
+        Ok(vec![zero.0; ty.shape().len()])
+    }
+
+    /// The whole block (or scratch buffer) as a vector.
+    pub fn load(&mut self, memref: MValue) -> Result<MValue, BuildError> {
+        let indices = self.zero_indices(memref, "vector.load")?;
+        self.one(Op::Load { memref: memref.0, indices })
+    }
+
+    /// Writes `value` to the whole block (or scratch buffer).
+    pub fn store(&mut self, memref: MValue, value: MValue) -> Result<(), BuildError> {
+        let indices = self.zero_indices(memref, "tpu.vector_store")?;
+        self.push(Op::Store { memref: memref.0, indices, value: value.0 })?;
+        Ok(())
+    }
+
+    /// Reduces `x` over `dims` (sum or max), keeping them as size-1 dims.
+    pub fn reduce(
+        &mut self,
+        kind: Reduce,
+        x: MValue,
+        dims: &[usize],
+    ) -> Result<MValue, BuildError> {
+        let ty = self.ty(x).clone();
+        let MType::Vector { shape, dtype } = &ty else {
+            return Err(self.error(
+                "vector.multi_reduction",
+                ErrorKind::DType,
+                format!("takes a vector, not {ty}"),
+            ));
+        };
+        if let Some(d) = dims.iter().find(|d| **d >= shape.len()) {
+            let m = format!("dim {d} of {ty}");
+            return Err(self.error("vector.multi_reduction", ErrorKind::Axis, m));
+        }
+        let kept: Vec<u64> =
+            shape.iter().enumerate().filter(|(i, _)| !dims.contains(i)).map(|(_, d)| *d).collect();
+        if kept.is_empty() {
+            let m = format!("reduces every dim of {ty}: keep at least one");
+            return Err(self.error("vector.multi_reduction", ErrorKind::Axis, m));
+        }
+        let init = match (kind, dtype.is_float()) {
+            (Reduce::Sum, true) => Scalar::Float(0.0),
+            (Reduce::Sum, false) => Scalar::Int(0),
+            (Reduce::Max, true) => Scalar::Float(f64::NEG_INFINITY),
+            (Reduce::Max, false) => Scalar::Int(i64::from(i32::MIN)),
+        };
+        let acc = self.constant(init, MType::vector(*dtype, &kept))?;
+        let reduced =
+            self.one(Op::MultiReduce { kind, x: x.0, acc: acc.0, dims: dims.to_vec() })?;
+        let keep: Vec<u64> =
+            shape.iter().enumerate().map(|(i, d)| if dims.contains(&i) { 1 } else { *d }).collect();
+        self.shape_cast(reduced, &keep)
+    }
+
+    /// `acc + lhs · rhs` (`rhs` transposed when asked) on the MXU, accumulated in f32.
+    pub fn matmul(
+        &mut self,
+        lhs: MValue,
+        rhs: MValue,
+        acc: MValue,
+        transpose_rhs: bool,
+    ) -> Result<MValue, BuildError> {
+        self.one(Op::Matmul { lhs: lhs.0, rhs: rhs.0, acc: acc.0, transpose_rhs })
+    }
+
+    /// Runs the ops `body` adds only when `cond` (an `i1` scalar) holds.
+    pub fn when(
+        &mut self,
+        cond: MValue,
+        body: impl FnOnce(&mut TiledBuilder) -> Result<(), BuildError>,
+    ) -> Result<(), BuildError> {
+        let then = RegionId(self.kernel.regions.len() as u32);
+        self.kernel.regions.push(Region::default());
+        self.push(Op::If { cond: cond.0, then })?;
+        self.stack.push(then);
+        let result = body(self);
+        self.stack.pop();
+        result
+    }
+
+    /// Verifies the kernel and checks its tiling and coverage.
+    pub fn finish(self) -> Result<Kernel, BuildError> {
+        let kernel = self.finish_without_layout_checks()?;
+        super::check::tiling(&kernel)?;
+        super::check::coverage(&kernel)?;
+        Ok(kernel)
+    }
+
+    /// Verifies the kernel (scoping and types) without the tiling and coverage checks: for
+    /// comparing those checks with libtpu's own verdicts on the same kernel.
+    pub fn finish_without_layout_checks(self) -> Result<Kernel, BuildError> {
+        if self.kernel.num_inputs == self.kernel.windows.len() {
+            let m = "a kernel has at least one output".to_owned();
+            return Err(self.error("func.func", ErrorKind::Verify, m));
+        }
+        super::check::verify(&self.kernel)?;
+        Ok(self.kernel)
+    }
+}

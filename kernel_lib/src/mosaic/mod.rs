@@ -1,0 +1,32 @@
+//! Tiled TPU kernels: a Mosaic IR over a grid of VMEM blocks, as Pallas writes them.
+//!
+//! A [`Kernel`] has a grid (one [`Semantics`] per axis), a [`Window`] per input and output (the
+//! array, the block a grid step sees, and an index map from grid indices to block indices),
+//! scratch buffers kept across grid steps, and a body of ops over block references and vectors:
+//! loads and stores of whole blocks, elementwise math, casts, broadcasts, reductions, MXU
+//! matmuls with an f32 accumulator, and `when` (an `scf.if`).
+//!
+//! Build one with [`TiledBuilder`]; [`TiledBuilder::finish`] verifies it and checks, before
+//! anything reaches libtpu, the tiling rule of its blocks and that its grid stays inside and
+//! covers its arrays ([`check`]); [`check::vmem`] checks a target's scoped VMEM.
+//! [`print_kernel`] gives the Mosaic text (the pretty form libtpu parses), and
+//! [`custom_call_module`] the StableHLO module with the `tpu_custom_call` XLA compiles for a
+//! TPU.
+//!
+//! The IR shares the StableHLO IR's machinery: [`crate::ir::ValueId`] and
+//! [`crate::ir::RegionId`] index its arenas, and the printers share symbol quoting, string
+//! escaping and float spelling ([`crate::printer`], [`crate::literal`]).
+
+pub mod builder;
+pub mod check;
+pub mod ir;
+pub mod printer;
+pub mod types;
+pub mod wrap;
+
+pub use builder::{MValue, TiledBuilder};
+pub use check::Target;
+pub use ir::{BinaryOp, Compare, IndexExpr, Kernel, Reduce, Scalar, Semantics, UnaryOp, Window};
+pub use printer::print_kernel;
+pub use types::{MType, MemorySpace};
+pub use wrap::custom_call_module;
