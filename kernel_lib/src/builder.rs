@@ -23,6 +23,9 @@ use crate::types::{DType, Dim, Shape, TensorType};
 const POISON: ValueId = ValueId(u32::MAX);
 const BODY_SCOPE: u32 = 0;
 
+/// One branch of [`KernelBuilder::case`]: builds the branch's ops and returns its results.
+pub type Branch<'b, 'f> = Box<dyn FnOnce() -> Result<Vec<Tensor<'b>>, BuildError> + 'f>;
+
 /// One function under construction. See the [module docs](self).
 #[derive(Debug)]
 pub struct KernelBuilder {
@@ -566,11 +569,10 @@ impl KernelBuilder {
     }
 
     /// `stablehlo.case`: runs branch `index` (an `i32` scalar; out of range runs the last).
-    #[allow(clippy::type_complexity, reason = "a list of branch closures is the natural shape")]
-    pub fn case<'b>(
+    pub fn case<'b, 'f>(
         &'b self,
         index: Tensor<'b>,
-        branches: Vec<Box<dyn FnOnce() -> Result<Vec<Tensor<'b>>, BuildError> + 'b>>,
+        branches: Vec<Branch<'b, 'f>>,
     ) -> Result<Vec<Tensor<'b>>, BuildError> {
         let index = self.check("stablehlo.case", index)?;
         let mut regions = Vec::with_capacity(branches.len());

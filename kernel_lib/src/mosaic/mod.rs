@@ -11,7 +11,9 @@
 //! covers its arrays ([`check`]); [`check::vmem`] checks a target's scoped VMEM.
 //! [`print_kernel`] gives the Mosaic text (the pretty form libtpu parses), and
 //! [`custom_call_module`] the StableHLO module with the `tpu_custom_call` XLA compiles for a
-//! TPU.
+//! TPU; [`cpu_twin`] lowers the same kernel to plain StableHLO with Pallas interpret-mode
+//! semantics (a loop over the grid, windows sliced and written back, scratch carried), which
+//! the PJRT CPU plugin runs.
 //!
 //! The IR shares the StableHLO IR's machinery: [`crate::ir::ValueId`] and
 //! [`crate::ir::RegionId`] index its arenas, and the printers share symbol quoting, string
@@ -21,6 +23,7 @@ pub mod builder;
 pub mod check;
 pub mod ir;
 pub mod printer;
+pub mod twin;
 pub mod types;
 pub mod wrap;
 
@@ -28,5 +31,6 @@ pub use builder::{MValue, TiledBuilder};
 pub use check::Target;
 pub use ir::{BinaryOp, Compare, IndexExpr, Kernel, Reduce, Scalar, Semantics, UnaryOp, Window};
 pub use printer::print_kernel;
+pub use twin::cpu_twin;
 pub use types::{MType, MemorySpace};
 pub use wrap::custom_call_module;

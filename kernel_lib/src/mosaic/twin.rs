@@ -1,0 +1,313 @@
+//! The CPU twin of a tiled kernel: the same kernel description lowered to StableHLO with
+//! Pallas interpret-mode semantics, through the StableHLO builder (so it is verified and printed
+//! like every other module).
+//!
+//! - Outputs start as NaN (floats) or the type's minimum (integers), scratch buffers likewise,
+//!   as interpret mode's "uninitialised" values.
+//! - One `stablehlo.while` runs over the grid points in row-major order (last axis fastest),
+//!   carrying a step counter, the output arrays and the scratch buffers; the grid indices are
+//!   `(t / stride) % bound`.
+//! - Each window's block is a `dynamic_slice` at `index_map(grid) * block` (inputs from the
+//!   function's arguments, outputs from the carried arrays); after the body each output block
+//!   is written back with `dynamic_update_slice`. Scratch is carried across steps, never reset.
+//! - The body's ops become the elementwise, reduce, broadcast, reshape and `dot_general` ops of
+//!   StableHLO; a `when` becomes a `stablehlo.case` whose branches give the blocks and scratch
+//!   the region writes (unchanged, or as the region leaves them).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use crate::Module;
+use crate::builder::{Branch, KernelBuilder, Tensor};
+use crate::error::{BuildError, ErrorKind};
+use crate::ir::{self as hlo, Direction, DotDims, RegionId, ValueId};
+use crate::types::{DType, TensorType};
+
+use super::ir::{BinaryOp, Compare, IndexExpr, Kernel, Op, Reduce, Scalar, UnaryOp};
+use super::types::MType;
+
+/// Lowers `kernel` to its CPU twin: a StableHLO module whose `@main` takes the input arrays
+/// and returns the output arrays.
+pub fn cpu_twin(kernel: &Kernel) -> Result<Module, BuildError> {
+    let inputs: Vec<TensorType> = kernel.inputs().iter().map(|w| w.array.clone()).collect();
+    let b = KernelBuilder::new(&kernel.name, &inputs);
+    let args = b.args();
+    let mut init = vec![b.scalar(DType::I32, 0.0)?];
+    for w in kernel.outputs() {
+        init.push(b.splat(w.array.clone(), uninitialised(w.array.dtype))?);
+    }
+    for s in &kernel.scratch {
+        init.push(b.splat(tensor_type(s), uninitialised(s.dtype().unwrap_or(DType::F32)))?);
+    }
+    let steps: u64 = kernel.grid.iter().product();
+    let n_out = kernel.outputs().len();
+    let result = b.while_loop(
+        &init,
+        |carried| {
+            let bound = b.scalar(DType::I32, steps as f64)?;
+            b.compare(Direction::Lt, carried[0], bound)
+        },
+        |carried| step(kernel, &b, &args, carried),
+    )?;
+    b.finish(&result[1..=n_out])
+}
+
+fn uninitialised(dtype: DType) -> f64 {
+    if dtype.is_float() {
+        f64::NAN
+    } else {
+        match dtype {
+            DType::I8 => f64::from(i8::MIN),
+            DType::I16 => f64::from(i16::MIN),
+            DType::I32 => f64::from(i32::MIN),
+            DType::I64 => i64::MIN as f64,
+            _ => 0.0,
+        }
+    }
+}
+
+/// The tensor type a Mosaic value becomes (scalars and `index` are rank-0 tensors).
+fn tensor_type(t: &MType) -> TensorType {
+    match t {
+        MType::Index => TensorType::scalar(DType::I32),
+        MType::Scalar(d) => TensorType::scalar(*d),
+        MType::Vector { shape, dtype } | MType::MemRef { shape, dtype, .. } => {
+            TensorType::new(*dtype, shape.as_slice())
+        }
+    }
+}
+
+struct Step<'k, 'b> {
+    kernel: &'k Kernel,
+    b: &'b KernelBuilder,
+    /// The tensor of each Mosaic value defined so far.
+    values: RefCell<BTreeMap<u32, Tensor<'b>>>,
+    /// The current contents of each memref (window block or scratch buffer).
+    memrefs: RefCell<BTreeMap<u32, Tensor<'b>>>,
+}
+
+fn step<'b>(
+    kernel: &Kernel,
+    b: &'b KernelBuilder,
+    args: &[Tensor<'b>],
+    carried: &[Tensor<'b>],
+) -> Result<Vec<Tensor<'b>>, BuildError> {
+    let t = carried[0];
+    let n_out = kernel.outputs().len();
+    let (outputs, scratch) = carried[1..].split_at(n_out);
+    let st = Step {
+        kernel,
+        b,
+        values: RefCell::new(BTreeMap::new()),
+        memrefs: RefCell::new(BTreeMap::new()),
+    };
+    // Grid indices, row-major: the last axis fastest.
+    let mut grid = Vec::with_capacity(kernel.grid.len());
+    for (axis, bound) in kernel.grid.iter().enumerate() {
+        let stride: u64 = kernel.grid[axis + 1..].iter().product();
+        let stride = b.scalar(DType::I32, stride as f64)?;
+        let bound = b.scalar(DType::I32, *bound as f64)?;
+        let q = b.binary(hlo::BinaryOp::Divide, t, stride)?;
+        let g = b.binary(hlo::BinaryOp::Remainder, q, bound)?;
+        st.values.borrow_mut().insert(axis as u32, g);
+        grid.push(g);
+    }
+    // Each window's block at this step.
+    let mut starts = Vec::with_capacity(kernel.windows.len());
+    for (i, w) in kernel.windows.iter().enumerate() {
+        let mut s = Vec::with_capacity(w.block.len());
+        for (e, block) in w.index_map.iter().zip(&w.block) {
+            let index = match e {
+                IndexExpr::Grid(axis) => grid[*axis],
+                IndexExpr::Const(c) => b.scalar(DType::I32, *c as f64)?,
+            };
+            let block = b.scalar(DType::I32, *block as f64)?;
+            s.push(b.binary(hlo::BinaryOp::Multiply, index, block)?);
+        }
+        let array = if i < kernel.num_inputs { args[i] } else { outputs[i - kernel.num_inputs] };
+        let sizes: Vec<i64> = w.block.iter().map(|d| *d as i64).collect();
+        let block = b.dynamic_slice(array, &s, &sizes)?;
+        st.memrefs.borrow_mut().insert(kernel.window_value(i).0, block);
+        starts.push(s);
+    }
+    for (j, s) in scratch.iter().enumerate() {
+        let v = (kernel.grid.len() + kernel.windows.len() + j) as u32;
+        st.memrefs.borrow_mut().insert(v, *s);
+    }
+    st.region(RegionId(0))?;
+    // Write the output blocks back; carry the scratch.
+    let mut next = vec![b.binary(hlo::BinaryOp::Add, t, b.scalar(DType::I32, 1.0)?)?];
+    for (o, out) in outputs.iter().enumerate() {
+        let i = kernel.num_inputs + o;
+        let block = st.memrefs.borrow()[&kernel.window_value(i).0];
+        next.push(b.dynamic_update_slice(*out, block, &starts[i])?);
+    }
+    for j in 0..scratch.len() {
+        let v = (kernel.grid.len() + kernel.windows.len() + j) as u32;
+        next.push(st.memrefs.borrow()[&v]);
+    }
+    Ok(next)
+}
+
+/// The memrefs a region (and the regions nested in it) stores to, in order.
+fn stored(kernel: &Kernel, r: RegionId, out: &mut Vec<u32>) {
+    for instr in &kernel.region(r).instrs {
+        match &instr.op {
+            Op::Store { memref, .. } if !out.contains(&memref.0) => out.push(memref.0),
+            Op::If { then, .. } => stored(kernel, *then, out),
+            _ => {}
+        }
+    }
+}
+
+impl<'b> Step<'_, 'b> {
+    fn err(&self, op: &'static str, message: String) -> BuildError {
+        BuildError { kernel: self.kernel.name.clone(), op, kind: ErrorKind::Verify, message }
+    }
+
+    fn value(&self, v: ValueId) -> Result<Tensor<'b>, BuildError> {
+        self.values
+            .borrow()
+            .get(&v.0)
+            .copied()
+            .ok_or_else(|| self.err("twin", format!("value %{} has no tensor", v.0)))
+    }
+
+    fn memref(&self, v: ValueId) -> Result<Tensor<'b>, BuildError> {
+        self.memrefs
+            .borrow()
+            .get(&v.0)
+            .copied()
+            .ok_or_else(|| self.err("twin", format!("value %{} is not a memref", v.0)))
+    }
+
+    fn region(&self, r: RegionId) -> Result<(), BuildError> {
+        let (k, b) = (self.kernel, self.b);
+        for instr in &k.region(r).instrs {
+            let result = match &instr.op {
+                Op::Constant { value, ty } => {
+                    let v = match value {
+                        Scalar::Float(f) => *f,
+                        Scalar::Int(i) => *i as f64,
+                    };
+                    Some(b.splat(tensor_type(ty), v)?)
+                }
+                Op::Binary(op, x, y) => {
+                    let op = match op {
+                        BinaryOp::Add => hlo::BinaryOp::Add,
+                        BinaryOp::Sub => hlo::BinaryOp::Subtract,
+                        BinaryOp::Mul => hlo::BinaryOp::Multiply,
+                        BinaryOp::Div => hlo::BinaryOp::Divide,
+                        BinaryOp::Max => hlo::BinaryOp::Maximum,
+                        BinaryOp::Min => hlo::BinaryOp::Minimum,
+                    };
+                    Some(b.binary(op, self.value(*x)?, self.value(*y)?)?)
+                }
+                Op::Unary(op, x) => {
+                    let op = match op {
+                        UnaryOp::Neg => hlo::UnaryOp::Negate,
+                        UnaryOp::Exp => hlo::UnaryOp::Exp,
+                        UnaryOp::Log => hlo::UnaryOp::Log,
+                        UnaryOp::Tanh => hlo::UnaryOp::Tanh,
+                        UnaryOp::Rsqrt => hlo::UnaryOp::Rsqrt,
+                        UnaryOp::Sqrt => hlo::UnaryOp::Sqrt,
+                        UnaryOp::Erf => hlo::UnaryOp::Erf,
+                        UnaryOp::Abs => hlo::UnaryOp::Abs,
+                    };
+                    Some(b.unary(op, self.value(*x)?)?)
+                }
+                Op::Compare(c, x, y) => {
+                    let d = match c {
+                        Compare::Eq => Direction::Eq,
+                        Compare::Ne => Direction::Ne,
+                        Compare::Lt => Direction::Lt,
+                        Compare::Le => Direction::Le,
+                        Compare::Gt => Direction::Gt,
+                        Compare::Ge => Direction::Ge,
+                    };
+                    Some(b.compare(d, self.value(*x)?, self.value(*y)?)?)
+                }
+                Op::Select(c, x, y) => {
+                    Some(b.select(self.value(*c)?, self.value(*x)?, self.value(*y)?)?)
+                }
+                Op::Convert { x, to } => Some(b.convert(self.value(*x)?, *to)?),
+                Op::IndexCast(x) => Some(self.value(*x)?),
+                Op::Broadcast { x, shape } => {
+                    let x_ty = k.ty(*x);
+                    let lead = (shape.len() - x_ty.shape().len()) as i64;
+                    let dims: Vec<i64> = (0..x_ty.shape().len() as i64).map(|d| d + lead).collect();
+                    let to = TensorType::new(x_ty.dtype().unwrap_or(DType::F32), shape.as_slice());
+                    Some(b.broadcast_in_dim(self.value(*x)?, to, &dims)?)
+                }
+                Op::ShapeCast { x, shape } => Some(b.reshape(self.value(*x)?, shape.as_slice())?),
+                Op::Load { memref, .. } => Some(self.memref(*memref)?),
+                Op::Store { memref, value, .. } => {
+                    let v = self.value(*value)?;
+                    self.memrefs.borrow_mut().insert(memref.0, v);
+                    None
+                }
+                Op::MultiReduce { kind, x, acc, dims } => {
+                    let (op, init) = match kind {
+                        Reduce::Sum => (hlo::BinaryOp::Add, 0.0),
+                        Reduce::Max => (hlo::BinaryOp::Maximum, f64::NEG_INFINITY),
+                    };
+                    let dims: Vec<i64> = dims.iter().map(|d| *d as i64).collect();
+                    let r = b.reduce_with(self.value(*x)?, op, init, &dims)?;
+                    Some(b.binary(op, r, self.value(*acc)?)?)
+                }
+                Op::Matmul { lhs, rhs, acc, transpose_rhs } => {
+                    let dims = DotDims {
+                        lhs_batch: vec![],
+                        rhs_batch: vec![],
+                        lhs_contracting: vec![1],
+                        rhs_contracting: vec![if *transpose_rhs { 1 } else { 0 }],
+                    };
+                    let p = b.dot_general(
+                        self.value(*lhs)?,
+                        self.value(*rhs)?,
+                        dims,
+                        None,
+                        Some(DType::F32),
+                    )?;
+                    Some(b.binary(hlo::BinaryOp::Add, p, self.value(*acc)?)?)
+                }
+                Op::If { cond, then } => {
+                    self.when(*cond, *then)?;
+                    None
+                }
+            };
+            if let (Some(t), [v]) = (result, instr.results.as_slice()) {
+                self.values.borrow_mut().insert(v.0, t);
+            }
+        }
+        Ok(())
+    }
+
+    /// `scf.if` as a `stablehlo.case` over the memrefs the region writes.
+    fn when(&self, cond: ValueId, then: RegionId) -> Result<(), BuildError> {
+        let b = self.b;
+        let mut written = Vec::new();
+        stored(self.kernel, then, &mut written);
+        if written.is_empty() {
+            return Ok(()); // a region that writes nothing has no effect
+        }
+        let index = b.convert(self.value(cond)?, DType::I32)?;
+        let before: Vec<Tensor<'b>> =
+            written.iter().map(|v| self.memref(ValueId(*v))).collect::<Result<_, _>>()?;
+        let keep = before.clone();
+        let written_for_branch = written.clone();
+        let branches: Vec<Branch<'b, '_>> = vec![
+            Box::new(move || Ok(keep)),
+            Box::new(move || {
+                self.region(then)?;
+                written_for_branch.iter().map(|v| self.memref(ValueId(*v))).collect()
+            }),
+        ];
+        let after = b.case(index, branches)?;
+        let mut memrefs = self.memrefs.borrow_mut();
+        for (v, t) in written.iter().zip(after) {
+            memrefs.insert(*v, t);
+        }
+        Ok(())
+    }
+}
