@@ -1,7 +1,8 @@
 //! The CPU twins of tiled kernels (`tpu_kernels::mosaic::cpu_twin`: the same description with
 //! Pallas interpret-mode semantics) run on the PJRT CPU plugin and match f64 references computed
 //! here: the grid, the windows' index maps, the scratch accumulator across the `arbitrary` K
-//! axis and its `when`s all show in the values.
+//! axis and its `when`s all show in the values. The interpreter of the printed module
+//! (`tpu_kernels::mosaic::interpret`, which reads only the text libtpu is given) matches both.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 #[path = "support/tiled_kernels.rs"]
@@ -9,7 +10,7 @@ mod tiled_kernels;
 
 use tiled_kernels::{matmul, rms_norm, silu_mul};
 use tpu_kernels::DType;
-use tpu_kernels::mosaic::{Kernel, TiledBuilder, cpu_twin};
+use tpu_kernels::mosaic::{Kernel, TiledBuilder, cpu_twin, custom_call_module, interpret};
 use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
 use tpu_kernels_registry::pjrt::{Client, CompileOptions, Program};
@@ -44,7 +45,23 @@ fn run(client: &Client, kernel: &Kernel, inputs: &[Vec<f32>]) -> Vec<Vec<f32>> {
         })
         .collect();
     let refs: Vec<_> = buffers.iter().collect();
-    exe.execute(&refs).unwrap().iter().map(|b| b.to_vec::<f32>().unwrap()).collect()
+    let twin: Vec<Vec<f32>> =
+        exe.execute(&refs).unwrap().iter().map(|b| b.to_vec::<f32>().unwrap()).collect();
+    // The printed module, parsed back and interpreted, agrees with the twin.
+    let f64s: Vec<Vec<f64>> =
+        inputs.iter().map(|x| x.iter().map(|v| f64::from(*v)).collect()).collect();
+    let interpreted = interpret(&custom_call_module(kernel), &f64s)
+        .unwrap_or_else(|e| panic!("{}: interpreter: {e}", kernel.name));
+    assert_eq!(interpreted.len(), twin.len());
+    for (i, (a, b)) in interpreted.iter().zip(&twin).enumerate() {
+        assert_close(
+            &format!("{} output {i}: interpreter vs twin", kernel.name),
+            b,
+            a,
+            Tolerance::new(1e-4, 1e-5),
+        );
+    }
+    twin
 }
 
 #[test]
@@ -98,4 +115,51 @@ fn matmul_twin_accumulates_over_the_k_axis() {
     }
     // Sums of 512 products of values in [-2, 2): f32 accumulation error well under 1e-3.
     assert_close("matmul twin", &got[0], &want, Tolerance::new(1e-3, 1e-5));
+}
+
+#[test]
+fn bf16_kernels_agree_between_the_interpreter_and_the_twin() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    for kernel in [
+        silu_mul(DType::BF16, [128, 128]).and_then(TiledBuilder::finish).unwrap(),
+        rms_norm(DType::BF16).unwrap(),
+        matmul(DType::BF16).unwrap(),
+    ] {
+        let inputs: Vec<Vec<half::bf16>> = kernel
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let n = w.array.shape.num_elements().unwrap() as usize;
+                data(n, 10 + i as u64).into_iter().map(half::bf16::from_f32).collect()
+            })
+            .collect();
+        let exe = client
+            .compile(&Program::text(cpu_twin(&kernel).unwrap().to_text()), &CompileOptions::new())
+            .unwrap();
+        let buffers: Vec<_> = kernel
+            .inputs()
+            .iter()
+            .zip(&inputs)
+            .map(|(w, x)| {
+                let dims: Vec<i64> =
+                    w.array.shape.static_dims().unwrap().iter().map(|d| *d as i64).collect();
+                client.buffer_from_host(x, &dims).unwrap()
+            })
+            .collect();
+        let refs: Vec<_> = buffers.iter().collect();
+        let twin = exe.execute(&refs).unwrap()[0].to_vec::<half::bf16>().unwrap();
+        let f64s: Vec<Vec<f64>> =
+            inputs.iter().map(|x| x.iter().map(|v| v.to_f64()).collect()).collect();
+        let interpreted = interpret(&custom_call_module(&kernel), &f64s).unwrap();
+        let twin: Vec<f64> = twin.iter().map(|v| v.to_f64()).collect();
+        // Both round once to bf16 from f32 arithmetic: at most one bf16 ulp apart (2^-7 relative),
+        // the matmul's sums of 512 products a little more.
+        assert_close(
+            &format!("{} bf16: interpreter vs twin", kernel.name),
+            &interpreted[0],
+            &twin,
+            Tolerance::new(2e-2, 2.0f64.powi(-7)),
+        );
+    }
 }

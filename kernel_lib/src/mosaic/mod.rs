@@ -13,7 +13,8 @@
 //! [`custom_call_module`] the StableHLO module with the `tpu_custom_call` XLA compiles for a
 //! TPU; [`cpu_twin`] lowers the same kernel to plain StableHLO with Pallas interpret-mode
 //! semantics (a loop over the grid, windows sliced and written back, scratch carried), which
-//! the PJRT CPU plugin runs.
+//! the PJRT CPU plugin runs; [`interpret`] parses the printed module back and runs it on the
+//! CPU, so a printing bug cannot hide behind a twin made from the same description.
 //!
 //! The IR shares the StableHLO IR's machinery: [`crate::ir::ValueId`] and
 //! [`crate::ir::RegionId`] index its arenas, and the printers share symbol quoting, string
@@ -21,6 +22,7 @@
 
 pub mod builder;
 pub mod check;
+pub mod interp;
 pub mod ir;
 pub mod printer;
 pub mod twin;
@@ -29,6 +31,7 @@ pub mod wrap;
 
 pub use builder::{MValue, TiledBuilder};
 pub use check::Target;
+pub use interp::interpret;
 pub use ir::{BinaryOp, Compare, IndexExpr, Kernel, Reduce, Scalar, Semantics, UnaryOp, Window};
 pub use printer::print_kernel;
 pub use twin::cpu_twin;
