@@ -407,10 +407,11 @@ impl Op {
     }
 }
 
-/// One op with the values it defines.
+/// One op with the values it defines: a StableHLO [`Op`] by default; the Mosaic IR uses the
+/// same record over its own ops.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Instr {
-    pub op: Op,
+pub struct Instr<O = Op> {
+    pub op: O,
     pub results: Vec<ValueId>,
 }
 

@@ -23,6 +23,7 @@ pub mod printer;
 pub mod reader;
 pub mod refine;
 pub mod registration;
+mod text;
 pub mod types;
 mod verify;
 

@@ -7,6 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::ir::{Function, Instr, Module, Op, RegionId, ValueId, Visibility, escape};
+use crate::text::Names;
 use crate::types::{DType, DTypeClass, TensorType};
 
 /// Prints a verified module.
@@ -35,19 +36,13 @@ pub fn print_module(module: &Module) -> String {
     out
 }
 
-/// `@name`, quoted when it is not a bare identifier.
-pub(crate) fn symbol(name: &str) -> String {
-    let bare = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.'));
-    if bare { format!("@{name}") } else { format!("@\"{}\"", escape(name)) }
-}
+pub(crate) use crate::text::symbol;
 
 struct FnPrinter<'a> {
     f: &'a Function,
     out: &'a mut String,
-    /// Printed name of each value, by id.
-    names: Vec<String>,
-    next: usize,
+    /// Printed name of each value.
+    names: Names,
 }
 
 fn types(ts: &[&TensorType]) -> String {
@@ -62,20 +57,15 @@ fn ints(v: &[i64]) -> String {
 
 impl<'a> FnPrinter<'a> {
     fn new(f: &'a Function, out: &'a mut String) -> FnPrinter<'a> {
-        let mut names = vec![String::new(); f.values.len()];
-        for (i, name) in names.iter_mut().enumerate().take(f.params.len()) {
-            *name = format!("%arg{i}");
-        }
-        FnPrinter { f, out, names, next: 0 }
+        FnPrinter { f, out, names: Names::new(f.values.len(), f.params.len()) }
     }
 
     fn name(&self, v: ValueId) -> &str {
-        &self.names[v.0 as usize]
+        self.names.name(v)
     }
 
     fn names(&self, vs: &[ValueId]) -> String {
-        let parts: Vec<&str> = vs.iter().map(|v| self.name(*v)).collect();
-        parts.join(", ")
+        self.names.list(vs)
     }
 
     fn ty(&self, v: ValueId) -> &'a TensorType {
@@ -100,27 +90,12 @@ impl<'a> FnPrinter<'a> {
     }
 
     fn fresh(&mut self, v: ValueId) {
-        self.names[v.0 as usize] = format!("%{}", self.next);
-        self.next += 1;
+        self.names.fresh(v);
     }
 
     /// Names an op's results; returns the left-hand side (`%3 = ` or `%3:2 = `).
     fn bind(&mut self, results: &[ValueId]) -> String {
-        match results {
-            [] => String::new(),
-            [one] => {
-                self.fresh(*one);
-                format!("{} = ", self.name(*one))
-            }
-            many => {
-                let base = format!("%{}", self.next);
-                self.next += 1;
-                for (i, v) in many.iter().enumerate() {
-                    self.names[v.0 as usize] = format!("{base}#{i}");
-                }
-                format!("{base}:{} = ", many.len())
-            }
-        }
+        self.names.bind(results)
     }
 
     fn print(mut self) {

@@ -1,6 +1,9 @@
 //! Eager dispatch on the real CPU plugin: the standard kernels against f64 references computed
 //! here, memoisation, fallbacks with reasons and counters, strict mode.
 
+#[path = "support/data.rs"]
+mod test_data;
+
 use std::sync::Arc;
 
 use tpu_kernels::registration::StaticValue;
@@ -18,13 +21,7 @@ fn dispatcher() -> Option<Dispatcher> {
 
 /// Deterministic values in [-3, 3).
 fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0
-        })
-        .collect()
+    test_data::uniform(n, seed, -3.0, 3.0)
 }
 
 fn bytes(v: &[f32]) -> Vec<u8> {

@@ -8,20 +8,31 @@
 #[path = "support/tiled_kernels.rs"]
 mod tiled_kernels;
 
+#[path = "support/data.rs"]
+mod test_data;
+
 use tiled_kernels::{matmul, rms_norm, silu_mul};
 use tpu_kernels::DType;
 use tpu_kernels::mosaic::{Kernel, TiledBuilder, cpu_twin, custom_call_module, interpret};
 use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
-use tpu_kernels_registry::pjrt::{Client, CompileOptions, Program};
+use tpu_kernels_registry::pjrt::{Buffer, Client, CompileOptions, NativeType, Program};
 
 /// Deterministic values in [-2, 2).
 fn data(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+    test_data::uniform(n, seed, -2.0, 2.0)
+}
+
+/// The kernel's input arrays on the client.
+fn upload<T: NativeType>(client: &Client, kernel: &Kernel, inputs: &[Vec<T>]) -> Vec<Buffer> {
+    kernel
+        .inputs()
+        .iter()
+        .zip(inputs)
+        .map(|(w, x)| {
+            let dims: Vec<i64> =
+                w.array.shape.static_dims().unwrap().iter().map(|d| *d as i64).collect();
+            client.buffer_from_host(x, &dims).unwrap()
         })
         .collect()
 }
@@ -34,16 +45,7 @@ fn run(client: &Client, kernel: &Kernel, inputs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     let exe = client
         .compile(&Program::text(text.clone()), &CompileOptions::new())
         .unwrap_or_else(|e| panic!("{}: {e}\n{text}", kernel.name));
-    let buffers: Vec<_> = kernel
-        .inputs()
-        .iter()
-        .zip(inputs)
-        .map(|(w, x)| {
-            let dims: Vec<i64> =
-                w.array.shape.static_dims().unwrap().iter().map(|d| *d as i64).collect();
-            client.buffer_from_host(x, &dims).unwrap()
-        })
-        .collect();
+    let buffers = upload(client, kernel, inputs);
     let refs: Vec<_> = buffers.iter().collect();
     let twin: Vec<Vec<f32>> =
         exe.execute(&refs).unwrap().iter().map(|b| b.to_vec::<f32>().unwrap()).collect();
@@ -137,16 +139,7 @@ fn bf16_kernels_agree_between_the_interpreter_and_the_twin() {
         let exe = client
             .compile(&Program::text(cpu_twin(&kernel).unwrap().to_text()), &CompileOptions::new())
             .unwrap();
-        let buffers: Vec<_> = kernel
-            .inputs()
-            .iter()
-            .zip(&inputs)
-            .map(|(w, x)| {
-                let dims: Vec<i64> =
-                    w.array.shape.static_dims().unwrap().iter().map(|d| *d as i64).collect();
-                client.buffer_from_host(x, &dims).unwrap()
-            })
-            .collect();
+        let buffers = upload(&client, &kernel, &inputs);
         let refs: Vec<_> = buffers.iter().collect();
         let twin = exe.execute(&refs).unwrap()[0].to_vec::<half::bf16>().unwrap();
         let f64s: Vec<Vec<f64>> =

@@ -219,12 +219,8 @@ pub enum Op {
     },
 }
 
-/// One op with the values it defines.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Instr {
-    pub op: Op,
-    pub results: Vec<ValueId>,
-}
+/// One op with the values it defines (the StableHLO IR's record over Mosaic ops).
+pub type Instr = crate::ir::Instr<Op>;
 
 /// A straight-line list of instructions.
 #[derive(Clone, Debug, Default, PartialEq)]

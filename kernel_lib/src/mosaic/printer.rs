@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use crate::ir::{RegionId, ValueId};
 use crate::literal::{format_float, round_float};
-use crate::printer::symbol;
+use crate::text::{Names, symbol};
 use crate::types::DType;
 
 use super::ir::{IndexExpr, InferCx, Kernel, Op, Reduce, Scalar, op_name};
@@ -16,8 +16,7 @@ use super::types::MType;
 struct Printer<'a> {
     k: &'a Kernel,
     out: String,
-    names: Vec<String>,
-    next: usize,
+    names: Names,
 }
 
 impl InferCx for Printer<'_> {
@@ -47,30 +46,15 @@ fn constant(value: Scalar, ty: &MType) -> String {
 
 impl Printer<'_> {
     fn name(&self, v: ValueId) -> &str {
-        &self.names[v.0 as usize]
+        self.names.name(v)
     }
 
     fn names(&self, vs: &[ValueId]) -> String {
-        list(vs.iter().map(|v| self.name(*v)))
+        self.names.list(vs)
     }
 
     fn bind(&mut self, results: &[ValueId]) -> String {
-        match results {
-            [] => String::new(),
-            [one] => {
-                self.names[one.0 as usize] = format!("%{}", self.next);
-                self.next += 1;
-                format!("{} = ", self.names[one.0 as usize])
-            }
-            many => {
-                let base = format!("%{}", self.next);
-                self.next += 1;
-                for (i, v) in many.iter().enumerate() {
-                    self.names[v.0 as usize] = format!("{base}#{i}");
-                }
-                format!("{base}:{} = ", many.len())
-            }
-        }
+        self.names.bind(results)
     }
 
     fn region(&mut self, r: RegionId, depth: usize) {
@@ -199,11 +183,8 @@ impl Printer<'_> {
 /// The kernel's Mosaic module in the pretty form: the kernel function, then one transform
 /// function per window.
 pub fn print_kernel(k: &Kernel) -> String {
-    let mut names = vec![String::new(); k.values.len()];
-    for (i, n) in names.iter_mut().enumerate().take(k.num_args()) {
-        *n = format!("%arg{i}");
-    }
-    let mut p = Printer { k, out: String::with_capacity(4096), names, next: 0 };
+    let names = Names::new(k.values.len(), k.num_args());
+    let mut p = Printer { k, out: String::with_capacity(4096), names };
     let args = list((0..k.num_args()).map(|i| format!("%arg{i}: {}", k.values[i])));
     let windows = list(k.windows.iter().enumerate().map(|(i, w)| {
         format!(

@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use crate::ir::escape;
-use crate::printer::symbol;
+use crate::text::symbol;
 use crate::types::TensorType;
 
 use super::ir::Kernel;
