@@ -1,0 +1,126 @@
+//! Differential test of the Rust tiling rule (`tpu_kernels::mosaic::check::tiling`) against
+//! libtpu's own verdict: over dtypes, array shapes and block shapes, a copy kernel is accepted
+//! by Rust exactly when libtpu compiles it, for v5e and v6e.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
+
+use tpu_kernels::mosaic::{IndexExpr, Kernel, Semantics, TiledBuilder, check, custom_call_module};
+use tpu_kernels::{DType, TensorType};
+use tpu_kernels_registry::pjrt::testing::libtpu_for_tests;
+use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+
+/// `o = x` over blocks `block` of `array`, the grid covering the array.
+fn copy(dtype: DType, array: [u64; 2], block: [u64; 2]) -> Kernel {
+    let grid = [array[0] / block[0], array[1] / block[1]];
+    let ty = TensorType::new(dtype, array);
+    let mut k = TiledBuilder::new("copy", &grid, &[Semantics::Parallel; 2]).unwrap();
+    let map = [IndexExpr::Grid(0), IndexExpr::Grid(1)];
+    let x = k.input(ty.clone(), &block, &map).unwrap();
+    let o = k.output(ty, &block, &map).unwrap();
+    let v = k.load(x).unwrap();
+    k.store(o, v).unwrap();
+    k.finish_without_layout_checks().unwrap()
+}
+
+#[test]
+fn rust_accepts_a_block_exactly_when_libtpu_compiles_it() {
+    let Some(libtpu) = libtpu_for_tests() else { return };
+    let topologies: Vec<Topology> =
+        ["v5e:1x1", "v6e:1x1"].iter().map(|t| Topology::new(&libtpu, t).unwrap()).collect();
+    let arrays = [[256u64, 512u64], [16, 100], [64, 256], [24, 384]];
+    let blocks = [
+        [8u64, 128u64],
+        [16, 128],
+        [32, 128],
+        [8, 256],
+        [4, 128],
+        [1, 128],
+        [8, 100],
+        [16, 100],
+        [24, 128],
+        [2, 384],
+    ];
+    let mut disagreements = Vec::new();
+    let mut cases = 0;
+    for dtype in [DType::F32, DType::BF16, DType::I8] {
+        for array in arrays {
+            for block in blocks.iter().copied().chain([array]) {
+                if block[0] > array[0]
+                    || block[1] > array[1]
+                    || array[0] % block[0] != 0
+                    || array[1] % block[1] != 0
+                {
+                    continue;
+                }
+                let kernel = copy(dtype, array, block);
+                let rust = check::tiling(&kernel).is_ok();
+                let text = custom_call_module(&kernel);
+                for topology in &topologies {
+                    cases += 1;
+                    let verdict =
+                        topology.compile(&Program::text(text.clone()), &CompileOptions::new());
+                    let libtpu_ok = verdict.is_ok();
+                    if rust != libtpu_ok {
+                        let why = verdict
+                            .err()
+                            .map(|e| e.to_string().lines().next().unwrap_or_default().to_owned());
+                        disagreements.push(format!(
+                            "{dtype} array {array:?} block {block:?} on {}: rust {}, libtpu {} {}",
+                            topology.name(),
+                            if rust { "accepts" } else { "refuses" },
+                            if libtpu_ok { "compiles" } else { "refuses" },
+                            why.unwrap_or_default()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 100, "{cases} cases");
+    assert!(
+        disagreements.is_empty(),
+        "{} of {cases} cases disagree:\n{}",
+        disagreements.len(),
+        disagreements.join("\n")
+    );
+}
+
+#[test]
+fn rust_accepts_a_vmem_budget_exactly_when_libtpu_compiles_it() {
+    let Some(libtpu) = libtpu_for_tests() else { return };
+    let mut disagreements = Vec::new();
+    let mut cases = 0;
+    for (topology, target) in [("v5e:1x1", check::Target::V5E), ("v6e:1x1", check::Target::V6E)] {
+        let topology = Topology::new(&libtpu, topology).unwrap();
+        // A copy of f32 [rows, 2048] blocks: in and out, double-buffered: rows * 32 KiB.
+        for rows in [128u64, 256, 384, 496, 512, 528, 640, 768, 1008, 1024, 1040, 1280] {
+            for dtype in [DType::F32, DType::BF16] {
+                let cols = if dtype == DType::F32 { 2048 } else { 4096 };
+                let kernel = copy(dtype, [rows * 2, cols], [rows, cols]);
+                let rust = check::vmem(&kernel, target).is_ok();
+                let verdict = topology
+                    .compile(&Program::text(custom_call_module(&kernel)), &CompileOptions::new());
+                cases += 1;
+                if rust != verdict.is_ok() {
+                    disagreements.push(format!(
+                        "{dtype} block [{rows}, {cols}] ({} bytes) on {}: rust {}, libtpu {}",
+                        check::vmem_bytes(&kernel),
+                        topology.name(),
+                        if rust { "accepts" } else { "refuses" },
+                        verdict.err().map_or("compiles".to_owned(), |e| e
+                            .to_string()
+                            .lines()
+                            .next()
+                            .unwrap_or_default()
+                            .to_owned())
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "{} of {cases} cases disagree:\n{}",
+        disagreements.len(),
+        disagreements.join("\n")
+    );
+}
