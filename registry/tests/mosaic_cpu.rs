@@ -13,7 +13,7 @@ mod test_data;
 
 use tiled_kernels::{matmul, rms_norm, silu_mul};
 use tpu_kernels::DType;
-use tpu_kernels::mosaic::{Kernel, TiledBuilder, cpu_twin, custom_call_module, interpret};
+use tpu_kernels::mosaic::{Form, Kernel, TiledBuilder, cpu_twin, custom_call_module_as, interpret};
 use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
 use tpu_kernels_registry::pjrt::{Buffer, Client, CompileOptions, NativeType, Program};
@@ -52,7 +52,7 @@ fn run(client: &Client, kernel: &Kernel, inputs: &[Vec<f32>]) -> Vec<Vec<f32>> {
     // The printed module, parsed back and interpreted, agrees with the twin.
     let f64s: Vec<Vec<f64>> =
         inputs.iter().map(|x| x.iter().map(|v| f64::from(*v)).collect()).collect();
-    let interpreted = interpret(&custom_call_module(kernel), &f64s)
+    let interpreted = interpret(&custom_call_module_as(kernel, Form::Readable), &f64s)
         .unwrap_or_else(|e| panic!("{}: interpreter: {e}", kernel.name));
     assert_eq!(interpreted.len(), twin.len());
     for (i, (a, b)) in interpreted.iter().zip(&twin).enumerate() {
@@ -144,7 +144,8 @@ fn bf16_kernels_agree_between_the_interpreter_and_the_twin() {
         let twin = exe.execute(&refs).unwrap()[0].to_vec::<half::bf16>().unwrap();
         let f64s: Vec<Vec<f64>> =
             inputs.iter().map(|x| x.iter().map(|v| v.to_f64()).collect()).collect();
-        let interpreted = interpret(&custom_call_module(&kernel), &f64s).unwrap();
+        let interpreted =
+            interpret(&custom_call_module_as(&kernel, Form::Readable), &f64s).unwrap();
         let twin: Vec<f64> = twin.iter().map(|v| v.to_f64()).collect();
         // Both round once to bf16 from f32 arithmetic: at most one bf16 ulp apart (2^-7 relative),
         // the matmul's sums of 512 products a little more.

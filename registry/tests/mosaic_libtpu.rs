@@ -9,7 +9,7 @@ mod tiled_kernels;
 
 use tiled_kernels::{matmul, rms_norm, silu_mul, ty};
 use tpu_kernels::mosaic::{
-    IndexExpr, Kernel, Semantics, Target, TiledBuilder, check, custom_call_module,
+    Form, IndexExpr, Kernel, Semantics, Target, TiledBuilder, check, custom_call_module_as,
 };
 use tpu_kernels::{BuildError, DType, ErrorKind};
 use tpu_kernels_registry::pjrt::testing::libtpu_for_tests;
@@ -20,9 +20,27 @@ use Semantics::Parallel;
 
 const TOPOLOGIES: [&str; 2] = ["v5e:1x1", "v6e:1x1"];
 
+/// Compiles the kernel in both printed forms; the shipped form's result (the two must agree).
 fn compile(libtpu: &Plugin, topology: &str, kernel: &Kernel) -> Result<usize, String> {
+    let shipped = compile_as(libtpu, topology, kernel, Form::Shipped);
+    let readable = compile_as(libtpu, topology, kernel, Form::Readable);
+    assert_eq!(
+        shipped.is_ok(),
+        readable.is_ok(),
+        "{}: shipped {shipped:?}, readable {readable:?}",
+        kernel.name
+    );
+    shipped
+}
+
+fn compile_as(
+    libtpu: &Plugin,
+    topology: &str,
+    kernel: &Kernel,
+    form: Form,
+) -> Result<usize, String> {
     let topology = Topology::new(libtpu, topology).map_err(|e| e.to_string())?;
-    let text = custom_call_module(kernel);
+    let text = custom_call_module_as(kernel, form);
     topology
         .compile(&Program::text(text), &CompileOptions::new())
         .map(|c| c.serialized_size())
@@ -42,9 +60,8 @@ fn tiled_kernels_compile_for_v5e_and_v6e() {
         for topology in TOPOLOGIES {
             let target = if topology.starts_with("v5e") { Target::V5E } else { Target::V6E };
             check::vmem(kernel, target).unwrap();
-            let size = compile(&libtpu, topology, kernel).unwrap_or_else(|e| {
-                panic!("{} on {topology}: {e}\n{}", kernel.name, custom_call_module(kernel))
-            });
+            let size = compile(&libtpu, topology, kernel)
+                .unwrap_or_else(|e| panic!("{} on {topology}: {e}", kernel.name));
             assert!(size > 1000, "{} on {topology}: {size} bytes", kernel.name);
         }
     }

@@ -9,9 +9,10 @@
 //! Build one with [`TiledBuilder`]; [`TiledBuilder::finish`] verifies it and checks, before
 //! anything reaches libtpu, the tiling rule of its blocks and that its grid stays inside and
 //! covers its arrays ([`check`]); [`check::vmem`] checks a target's scoped VMEM.
-//! [`print_kernel`] gives the Mosaic text (the pretty form libtpu parses), and
-//! [`custom_call_module`] the StableHLO module with the `tpu_custom_call` XLA compiles for a
-//! TPU; [`cpu_twin`] lowers the same kernel to plain StableHLO with Pallas interpret-mode
+//! [`print_kernel`] gives the readable Mosaic text (the pretty form),
+//! [`print_kernel_serialized`] the shipped one (the versioned `stable_mosaic` serialization that
+//! libtpu upgrades across releases), and [`custom_call_module`] the StableHLO module with the
+//! `tpu_custom_call` XLA compiles for a TPU; [`cpu_twin`] lowers the same kernel to plain StableHLO with Pallas interpret-mode
 //! semantics (a loop over the grid, windows sliced and written back, scratch carried), which
 //! the PJRT CPU plugin runs; [`interpret`] parses the printed module back and runs it on the
 //! CPU, so a printing bug cannot hide behind a twin made from the same description.
@@ -25,6 +26,7 @@ pub mod check;
 pub mod interp;
 pub mod ir;
 pub mod printer;
+pub mod serialized;
 pub mod twin;
 pub mod types;
 pub mod wrap;
@@ -34,6 +36,7 @@ pub use check::Target;
 pub use interp::interpret;
 pub use ir::{BinaryOp, Compare, IndexExpr, Kernel, Reduce, Scalar, Semantics, UnaryOp, Window};
 pub use printer::print_kernel;
+pub use serialized::print_kernel_serialized;
 pub use twin::cpu_twin;
 pub use types::{MType, MemorySpace};
-pub use wrap::custom_call_module;
+pub use wrap::{Form, custom_call_module, custom_call_module_as};

@@ -25,11 +25,11 @@ impl InferCx for Printer<'_> {
     }
 }
 
-fn list<T: ToString>(items: impl IntoIterator<Item = T>) -> String {
+pub(super) fn list<T: ToString>(items: impl IntoIterator<Item = T>) -> String {
     items.into_iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-fn constant(value: Scalar, ty: &MType) -> String {
+pub(super) fn constant(value: Scalar, ty: &MType) -> String {
     let dtype = ty.dtype();
     let text = match value {
         Scalar::Float(f) => {

@@ -2,10 +2,12 @@
 //! `stablehlo.custom_call @tpu_custom_call` on the whole arrays, with the kernel's text, base64
 //! encoded, in its `backend_config`.
 //!
-//! The body is the pretty form ([`print_kernel`](super::printer::print_kernel)) with no
-//! `serialization_format` key: libtpu parses it with its own Mosaic dialect. The config is the
-//! strict proto JSON libtpu reads (`custom_call_config.{body, needs_layout_passes}`; an unknown
-//! key is refused). Operand and result layouts are row-major.
+//! The body is one of the two printed forms ([`Form`]): the shipped `stable_mosaic`
+//! serialization (`serialization_format: 1`, which libtpu upgrades from its version), or the
+//! readable pretty form (no `serialization_format`: libtpu parses it with its own dialect). The
+//! config is the strict proto JSON libtpu reads (`custom_call_config.{body,
+//! serialization_format, needs_layout_passes}`; an unknown key is refused). Operand and result
+//! layouts are row-major.
 
 use std::fmt::Write as _;
 
@@ -15,6 +17,16 @@ use crate::types::TensorType;
 
 use super::ir::Kernel;
 use super::printer::print_kernel;
+use super::serialized::print_kernel_serialized;
+
+/// Which printed form a custom call carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// The versioned `stable_mosaic` serialization (what ships).
+    Shipped,
+    /// The pretty Mosaic text (snapshots, error messages, the interpreter).
+    Readable,
+}
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -46,15 +58,32 @@ fn layout(ty: &TensorType) -> String {
     }
 }
 
-/// The `backend_config` JSON of the kernel's custom call.
-pub fn backend_config(kernel: &Kernel) -> String {
-    let body = base64(print_kernel(kernel).as_bytes());
-    format!("{{\"custom_call_config\": {{\"body\": \"{body}\", \"needs_layout_passes\": true}}}}")
+/// The `backend_config` JSON of the kernel's custom call carrying `form`.
+pub fn backend_config(kernel: &Kernel, form: Form) -> String {
+    match form {
+        Form::Shipped => {
+            let body = base64(print_kernel_serialized(kernel).as_bytes());
+            format!(
+                "{{\"custom_call_config\": {{\"body\": \"{body}\", \"serialization_format\": 1, \"needs_layout_passes\": true}}}}"
+            )
+        }
+        Form::Readable => {
+            let body = base64(print_kernel(kernel).as_bytes());
+            format!(
+                "{{\"custom_call_config\": {{\"body\": \"{body}\", \"needs_layout_passes\": true}}}}"
+            )
+        }
+    }
 }
 
 /// The StableHLO module whose `@main` takes the kernel's input arrays and returns its outputs,
-/// computed by the Mosaic kernel.
+/// computed by the Mosaic kernel in its shipped form.
 pub fn custom_call_module(kernel: &Kernel) -> String {
+    custom_call_module_as(kernel, Form::Shipped)
+}
+
+/// [`custom_call_module`] carrying `form`.
+pub fn custom_call_module_as(kernel: &Kernel, form: Form) -> String {
     let inputs: Vec<&TensorType> = kernel.inputs().iter().map(|w| &w.array).collect();
     let outputs: Vec<&TensorType> = kernel.outputs().iter().map(|w| &w.array).collect();
     let join = |ts: &[&TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
@@ -76,7 +105,7 @@ pub fn custom_call_module(kernel: &Kernel) -> String {
         out,
         "    {lhs} = stablehlo.custom_call @tpu_custom_call({}) {{backend_config = \"{}\", kernel_name = \"{}\", operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> {results}",
         args.join(", "),
-        escape(&backend_config(kernel)),
+        escape(&backend_config(kernel, form)),
         escape(&kernel.name),
         layouts(&inputs),
         layouts(&outputs),
