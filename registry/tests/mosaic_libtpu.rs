@@ -190,3 +190,25 @@ fn body_type_errors_name_the_kernel_the_op_and_the_types() {
         "{err}"
     );
 }
+
+#[test]
+fn a_libtpu_error_names_the_rust_line_of_the_op() {
+    let Some(libtpu) = libtpu_for_tests() else { return };
+    // i8 vector arithmetic, which Mosaic does not implement on v5e: accepted by the Rust checks
+    // (they know types, not what each generation implements), refused by libtpu.
+    let t = ty(DType::I8, &[16, 256]);
+    let mut k = TiledBuilder::new("i8_add", &[2], &[Parallel]).unwrap();
+    let x = k.input(t.clone(), &[8, 256], &[Grid(0), Const(0)]).unwrap();
+    let o = k.output(t, &[8, 256], &[Grid(0), Const(0)]).unwrap();
+    let v = k.load(x).unwrap();
+    let line = line!() + 1;
+    let r = k.add(v, v).unwrap();
+    k.store(o, r).unwrap();
+    let kernel = k.finish().unwrap();
+    for form in [Form::Shipped, Form::Readable] {
+        let e = compile_as(&libtpu, "v5e:1x1", &kernel, form).unwrap_err();
+        let at = format!("loc(\"{}\":{line}:", file!());
+        assert!(e.contains("Only vector<i16> and vector<i32> are supported"), "{form:?}: {e}");
+        assert!(e.contains(&at), "{form:?}: the error does not name {at}: {e}");
+    }
+}

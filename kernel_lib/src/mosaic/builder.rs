@@ -12,8 +12,8 @@ use crate::ir::{RegionId, ValueId};
 use crate::types::{DType, TensorType};
 
 use super::ir::{
-    BinaryOp, Compare, IndexExpr, InferCx, Instr, Kernel, Op, Reduce, Region, Scalar, Semantics,
-    UnaryOp, Window, infer, op_name,
+    BinaryOp, Compare, IndexExpr, InferCx, Instr, Kernel, Loc, Op, Reduce, Region, Scalar,
+    Semantics, UnaryOp, Window, infer, op_name,
 };
 use super::types::MType;
 
@@ -192,6 +192,7 @@ impl TiledBuilder {
     }
 
     /// The number of steps of grid axis `axis`, as an `i32` constant.
+    #[track_caller]
     pub fn num_programs(&mut self, axis: usize) -> Result<MValue, BuildError> {
         let Some(n) = self.kernel.grid.get(axis).copied() else {
             let m = format!("axis {axis} of a {}-axis grid", self.kernel.grid.len());
@@ -206,6 +207,7 @@ impl TiledBuilder {
     }
 
     /// Appends `op`; returns its results.
+    #[track_caller]
     fn push(&mut self, op: Op) -> Result<Vec<MValue>, BuildError> {
         self.started = true;
         let cx = Cx(&self.kernel.values);
@@ -217,81 +219,102 @@ impl TiledBuilder {
             results.push(ValueId((self.kernel.values.len() - 1) as u32));
         }
         let region = *self.stack.last().unwrap_or(&RegionId(0));
-        self.kernel.regions[region.0 as usize].instrs.push(Instr { op, results: results.clone() });
+        let caller = std::panic::Location::caller();
+        let loc = Loc { file: caller.file(), line: caller.line(), column: caller.column() };
+        let region = &mut self.kernel.regions[region.0 as usize];
+        region.instrs.push(Instr { op, results: results.clone() });
+        region.locs.push(loc);
         Ok(results.into_iter().map(MValue).collect())
     }
 
+    #[track_caller]
     fn one(&mut self, op: Op) -> Result<MValue, BuildError> {
         let name = op_name(&op, &Cx(&self.kernel.values));
         self.push(op)?.pop().ok_or_else(|| self.error(name, ErrorKind::Verify, "no result".into()))
     }
 
     /// A scalar, `index` or splat vector constant.
+    #[track_caller]
     pub fn constant(&mut self, value: Scalar, ty: MType) -> Result<MValue, BuildError> {
         self.one(Op::Constant { value, ty })
     }
 
     /// A vector of `shape` with every element `value` (rounded to `dtype`).
+    #[track_caller]
     pub fn splat(&mut self, dtype: DType, shape: &[u64], value: f64) -> Result<MValue, BuildError> {
         let value = if dtype.is_float() { Scalar::Float(value) } else { Scalar::Int(value as i64) };
         self.constant(value, MType::vector(dtype, shape))
     }
 
     /// An `i32` scalar constant.
+    #[track_caller]
     pub fn i32(&mut self, value: i32) -> Result<MValue, BuildError> {
         self.constant(Scalar::Int(i64::from(value)), MType::Scalar(DType::I32))
     }
 
+    #[track_caller]
     pub fn binary(&mut self, op: BinaryOp, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.one(Op::Binary(op, a.0, b.0))
     }
 
+    #[track_caller]
     pub fn add(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.binary(BinaryOp::Add, a, b)
     }
 
+    #[track_caller]
     pub fn sub(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.binary(BinaryOp::Sub, a, b)
     }
 
+    #[track_caller]
     pub fn mul(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.binary(BinaryOp::Mul, a, b)
     }
 
+    #[track_caller]
     pub fn div(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.binary(BinaryOp::Div, a, b)
     }
 
+    #[track_caller]
     pub fn max(&mut self, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.binary(BinaryOp::Max, a, b)
     }
 
+    #[track_caller]
     pub fn unary(&mut self, op: UnaryOp, x: MValue) -> Result<MValue, BuildError> {
         self.one(Op::Unary(op, x.0))
     }
 
+    #[track_caller]
     pub fn exp(&mut self, x: MValue) -> Result<MValue, BuildError> {
         self.unary(UnaryOp::Exp, x)
     }
 
+    #[track_caller]
     pub fn rsqrt(&mut self, x: MValue) -> Result<MValue, BuildError> {
         self.unary(UnaryOp::Rsqrt, x)
     }
 
+    #[track_caller]
     pub fn neg(&mut self, x: MValue) -> Result<MValue, BuildError> {
         self.unary(UnaryOp::Neg, x)
     }
 
+    #[track_caller]
     pub fn compare(&mut self, c: Compare, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.one(Op::Compare(c, a.0, b.0))
     }
 
+    #[track_caller]
     pub fn select(&mut self, cond: MValue, a: MValue, b: MValue) -> Result<MValue, BuildError> {
         self.one(Op::Select(cond.0, a.0, b.0))
     }
 
     /// A float value in another float type (`arith.extf` / `arith.truncf`); `x` itself when
     /// it already has that type.
+    #[track_caller]
     pub fn convert(&mut self, x: MValue, to: DType) -> Result<MValue, BuildError> {
         if self.ty(x).dtype() == Some(to) {
             return Ok(x);
@@ -299,14 +322,17 @@ impl TiledBuilder {
         self.one(Op::Convert { x: x.0, to })
     }
 
+    #[track_caller]
     pub fn broadcast(&mut self, x: MValue, shape: &[u64]) -> Result<MValue, BuildError> {
         self.one(Op::Broadcast { x: x.0, shape: shape.to_vec() })
     }
 
+    #[track_caller]
     pub fn shape_cast(&mut self, x: MValue, shape: &[u64]) -> Result<MValue, BuildError> {
         self.one(Op::ShapeCast { x: x.0, shape: shape.to_vec() })
     }
 
+    #[track_caller]
     fn zero_indices(
         &mut self,
         memref: MValue,
@@ -325,12 +351,14 @@ impl TiledBuilder {
     }
 
     /// The whole block (or scratch buffer) as a vector.
+    #[track_caller]
     pub fn load(&mut self, memref: MValue) -> Result<MValue, BuildError> {
         let indices = self.zero_indices(memref, "vector.load")?;
         self.one(Op::Load { memref: memref.0, indices })
     }
 
     /// Writes `value` to the whole block (or scratch buffer).
+    #[track_caller]
     pub fn store(&mut self, memref: MValue, value: MValue) -> Result<(), BuildError> {
         let indices = self.zero_indices(memref, "tpu.vector_store")?;
         self.push(Op::Store { memref: memref.0, indices, value: value.0 })?;
@@ -338,6 +366,7 @@ impl TiledBuilder {
     }
 
     /// Reduces `x` over `dims` (sum or max), keeping them as size-1 dims.
+    #[track_caller]
     pub fn reduce(
         &mut self,
         kind: Reduce,
@@ -377,6 +406,7 @@ impl TiledBuilder {
     }
 
     /// `acc + lhs · rhs` (`rhs` transposed when asked) on the MXU, accumulated in f32.
+    #[track_caller]
     pub fn matmul(
         &mut self,
         lhs: MValue,
@@ -388,6 +418,7 @@ impl TiledBuilder {
     }
 
     /// Runs the ops `body` adds only when `cond` (an `i1` scalar) holds.
+    #[track_caller]
     pub fn when(
         &mut self,
         cond: MValue,

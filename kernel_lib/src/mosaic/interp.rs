@@ -294,7 +294,7 @@ impl Machine {
         while *pos < lines.len() {
             let line = lines[*pos];
             *pos += 1;
-            let l = line.trim();
+            let l = strip_loc(line);
             if l == "}" || l == "return" {
                 return Ok(());
             }
@@ -305,7 +305,7 @@ impl Machine {
                 } else {
                     let mut depth = 1;
                     while *pos < lines.len() && depth > 0 {
-                        let t = lines[*pos].trim();
+                        let t = strip_loc(lines[*pos]);
                         if t.ends_with('{') {
                             depth += 1;
                         } else if t == "}" {
@@ -493,6 +493,15 @@ impl Machine {
             self.values.insert(result.trim().to_owned(), val);
         }
         Ok(())
+    }
+}
+
+/// A line without its trailing `loc(...)` (the source location the printers attach).
+fn strip_loc(line: &str) -> &str {
+    let t = line.trim();
+    match t.rfind(" loc(\"") {
+        Some(i) if t.ends_with(')') => t[..i].trim_end(),
+        _ => t,
     }
 }
 

@@ -222,10 +222,27 @@ pub enum Op {
 /// One op with the values it defines (the StableHLO IR's record over Mosaic ops).
 pub type Instr = crate::ir::Instr<Op>;
 
-/// A straight-line list of instructions.
+/// Where in the kernel author's Rust source an op was built (the builder call's caller).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Loc {
+    pub file: &'static str,
+    pub line: u32,
+    pub column: u32,
+}
+
+impl Loc {
+    /// `loc("file":line:column)`, the MLIR location the printers attach to the op.
+    pub fn mlir(&self) -> String {
+        format!("loc(\"{}\":{}:{})", crate::ir::escape(self.file), self.line, self.column)
+    }
+}
+
+/// A straight-line list of instructions, each with the source location it was built at.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Region {
     pub instrs: Vec<Instr>,
+    /// One per instruction.
+    pub locs: Vec<Loc>,
 }
 
 /// A Mosaic kernel: the grid and its windows, the scratch buffers and the body.

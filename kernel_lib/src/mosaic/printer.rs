@@ -59,7 +59,8 @@ impl Printer<'_> {
 
     fn region(&mut self, r: RegionId, depth: usize) {
         let k = self.k;
-        for instr in &k.region(r).instrs {
+        for (i, instr) in k.region(r).instrs.iter().enumerate() {
+            let loc = k.region(r).locs.get(i).map(|l| format!(" {}", l.mlir())).unwrap_or_default();
             let pad = "  ".repeat(depth);
             let lhs = self.bind(&instr.results);
             let ty = |v: &ValueId| k.ty(*v).to_string();
@@ -171,11 +172,11 @@ impl Printer<'_> {
                     let cond = self.name(*cond).to_owned();
                     let _ = writeln!(self.out, "{pad}scf.if {cond} {{");
                     self.region(*then, depth + 1);
-                    let _ = writeln!(self.out, "{pad}}}");
+                    let _ = writeln!(self.out, "{pad}}}{loc}");
                     continue;
                 }
             };
-            let _ = writeln!(self.out, "{pad}{lhs}{line}");
+            let _ = writeln!(self.out, "{pad}{lhs}{line}{loc}");
         }
     }
 }

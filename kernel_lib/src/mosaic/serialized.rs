@@ -28,6 +28,8 @@ struct Printer<'a> {
     k: &'a Kernel,
     out: String,
     names: Names,
+    /// ` loc(...)` of the op being printed.
+    loc: String,
 }
 
 impl InferCx for Printer<'_> {
@@ -75,14 +77,17 @@ impl Printer<'_> {
         };
         let _ = writeln!(
             self.out,
-            "{pad}{lhs}\"stable_mosaic.{op}\"({}){attrs} : ({in_types}) -> {out_types}",
-            self.names.list(operands)
+            "{pad}{lhs}\"stable_mosaic.{op}\"({}){attrs} : ({in_types}) -> {out_types}{}",
+            self.names.list(operands),
+            self.loc
         );
     }
 
     fn region(&mut self, r: RegionId, depth: usize) {
         let k = self.k;
-        for instr in &k.region(r).instrs {
+        for (i, instr) in k.region(r).instrs.iter().enumerate() {
+            self.loc =
+                k.region(r).locs.get(i).map(|l| format!(" {}", l.mlir())).unwrap_or_default();
             let pad = "  ".repeat(depth);
             let name = op_name(&instr.op, self);
             let float = |v: &ValueId| k.ty(*v).dtype().is_some_and(DType::is_float);
@@ -170,7 +175,13 @@ impl Printer<'_> {
                     let _ = writeln!(self.out, "{pad}\"stable_mosaic.scf.if\"({c}) ({{");
                     self.region(*then, depth + 1);
                     let _ = writeln!(self.out, "{pad}  \"stable_mosaic.scf.yield\"() : () -> ()");
-                    let _ = writeln!(self.out, "{pad}}}, {{\n{pad}}}) : (i1) -> ()");
+                    let loc = k
+                        .region(r)
+                        .locs
+                        .get(i)
+                        .map(|l| format!(" {}", l.mlir()))
+                        .unwrap_or_default();
+                    let _ = writeln!(self.out, "{pad}}}, {{\n{pad}}}) : (i1) -> (){loc}");
                 }
             }
         }
@@ -184,6 +195,7 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
         k,
         out: String::with_capacity(8192),
         names: Names::new(k.values.len(), k.num_args()),
+        loc: String::new(),
     };
     let arg_types = list(k.values[..k.num_args()].iter());
     let windows = list(k.windows.iter().enumerate().map(|(i, w)| {
