@@ -181,20 +181,28 @@ impl Printer<'_> {
     }
 }
 
+/// The entries of the kernel's `window_params` attribute, one per window.
+pub(super) fn window_params(k: &Kernel) -> String {
+    list(k.windows.iter().enumerate().map(|(i, w)| {
+        format!(
+            "{{transform_indices = @transform_{i}, window_bounds = array<i64: {}>}}",
+            list(&w.block)
+        )
+    }))
+}
+
+/// The entries of the kernel's `dimension_semantics` attribute, one per grid axis.
+pub(super) fn dimension_semantics(k: &Kernel) -> String {
+    list(k.semantics.iter().map(|s| format!("#tpu.dimension_semantics<{}>", s.mlir())))
+}
+
 /// The kernel's Mosaic module in the pretty form: the kernel function, then one transform
 /// function per window.
 pub fn print_kernel(k: &Kernel) -> String {
     let names = Names::new(k.values.len(), k.num_args());
     let mut p = Printer { k, out: String::with_capacity(4096), names };
     let args = list((0..k.num_args()).map(|i| format!("%arg{i}: {}", k.values[i])));
-    let windows = list(k.windows.iter().enumerate().map(|(i, w)| {
-        format!(
-            "{{transform_indices = @transform_{i}, window_bounds = array<i64: {}>}}",
-            list(&w.block)
-        )
-    }));
-    let semantics =
-        list(k.semantics.iter().map(|s| format!("#tpu.dimension_semantics<{}>", s.mlir())));
+    let (windows, semantics) = (window_params(k), dimension_semantics(k));
     let _ = writeln!(p.out, "module {{");
     let _ = writeln!(
         p.out,

@@ -15,7 +15,7 @@ use crate::text::Names;
 use crate::types::DType;
 
 use super::ir::{Compare, IndexExpr, InferCx, Kernel, Op, Reduce, op_name};
-use super::printer::{constant, list};
+use super::printer::{constant, dimension_semantics, list, window_params};
 use super::types::MType;
 
 /// The serialization version the shipped form is written at (libtpu 0.0.52 reads 0 to 20;
@@ -198,14 +198,7 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
         loc: String::new(),
     };
     let arg_types = list(k.values[..k.num_args()].iter());
-    let windows = list(k.windows.iter().enumerate().map(|(i, w)| {
-        format!(
-            "{{transform_indices = @transform_{i}, window_bounds = array<i64: {}>}}",
-            list(&w.block)
-        )
-    }));
-    let semantics =
-        list(k.semantics.iter().map(|s| format!("#tpu.dimension_semantics<{}>", s.mlir())));
+    let (windows, semantics) = (window_params(k), dimension_semantics(k));
     let _ = writeln!(p.out, "\"builtin.module\"() ({{");
     let _ = writeln!(p.out, "  \"stable_mosaic.func.func\"() ({{");
     let block_args = list((0..k.num_args()).map(|i| format!("%arg{i}: {}", k.values[i])));
