@@ -7,11 +7,11 @@
 #[path = "support/tiled_kernels.rs"]
 mod tiled_kernels;
 
-use tiled_kernels::{matmul, rms_norm, silu_mul, ty};
+use tiled_kernels::{copy, matmul, rms_norm, silu_mul, ty};
 use tpu_kernels::mosaic::{
     Form, IndexExpr, Kernel, Semantics, Target, TiledBuilder, check, custom_call_module_as,
 };
-use tpu_kernels::{BuildError, DType, ErrorKind};
+use tpu_kernels::{DType, ErrorKind};
 use tpu_kernels_registry::pjrt::testing::libtpu_for_tests;
 use tpu_kernels_registry::pjrt::{CompileOptions, Plugin, Program, Topology};
 
@@ -109,16 +109,11 @@ fn a_mis_tiled_block_is_refused_in_rust_and_by_libtpu() {
 #[test]
 fn a_vmem_overflow_is_refused_in_rust_and_by_libtpu() {
     // f32 [4096, 2048] in and out, one block each, double-buffered: 128 MiB.
-    let build = || -> Result<TiledBuilder, BuildError> {
-        let t = ty(DType::F32, &[4096, 2048]);
-        let mut k = TiledBuilder::new("copy", &[1], &[Parallel])?;
-        let x = k.input(t.clone(), &[4096, 2048], &[Const(0), Const(0)])?;
-        let o = k.output(t, &[4096, 2048], &[Const(0), Const(0)])?;
-        let v = k.load(x)?;
-        k.store(o, v)?;
-        Ok(k)
-    };
-    let kernel = build().and_then(TiledBuilder::finish).unwrap();
+    let kernel =
+        copy("copy", DType::F32, &[4096, 2048], &[4096, 2048], &[1], &[Const(0), Const(0)])
+            .unwrap();
+    check::tiling(&kernel).unwrap();
+    check::coverage(&kernel).unwrap();
     for target in [Target::V5E, Target::V6E] {
         let err = check::vmem(&kernel, target).unwrap_err();
         assert_eq!(err.kind, ErrorKind::VmemLimit, "{err}");
@@ -134,27 +129,17 @@ fn a_vmem_overflow_is_refused_in_rust_and_by_libtpu() {
 #[test]
 fn grids_that_leave_the_array_or_part_of_an_output_are_refused() {
     // Half the grid: the output's second half would be left unwritten (libtpu compiles it).
-    let half = || -> Result<Kernel, BuildError> {
-        let t = ty(DType::F32, &[256, 128]);
-        let mut k = TiledBuilder::new("half", &[1], &[Parallel])?;
-        let x = k.input(t.clone(), &[128, 128], &[Grid(0), Const(0)])?;
-        let o = k.output(t, &[128, 128], &[Grid(0), Const(0)])?;
-        let v = k.load(x)?;
-        k.store(o, v)?;
-        k.finish()
+    let half = || {
+        copy("half", DType::F32, &[256, 128], &[128, 128], &[1], &[Grid(0), Const(0)])
+            .and_then(|k| check::coverage(&k))
     };
     let err = half().unwrap_err();
     assert_eq!(err.kind, ErrorKind::Coverage, "{err}");
     assert!(err.to_string().contains("writes 1 of the 2 blocks"), "{err}");
     // An index map past the end of the array.
-    let over = || -> Result<Kernel, BuildError> {
-        let t = ty(DType::F32, &[256, 128]);
-        let mut k = TiledBuilder::new("over", &[4], &[Parallel])?;
-        let x = k.input(t.clone(), &[128, 128], &[Grid(0), Const(0)])?;
-        let o = k.output(t, &[128, 128], &[Grid(0), Const(0)])?;
-        let v = k.load(x)?;
-        k.store(o, v)?;
-        k.finish()
+    let over = || {
+        copy("over", DType::F32, &[256, 128], &[128, 128], &[4], &[Grid(0), Const(0)])
+            .and_then(|k| check::coverage(&k))
     };
     let err = over().unwrap_err();
     assert_eq!(err.kind, ErrorKind::Coverage, "{err}");

@@ -3,22 +3,26 @@
 //! by Rust exactly when libtpu compiles it, for v5e and v6e.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
-use tpu_kernels::mosaic::{IndexExpr, Kernel, Semantics, TiledBuilder, check, custom_call_module};
-use tpu_kernels::{DType, TensorType};
+#[path = "support/tiled_kernels.rs"]
+mod tiled_kernels;
+
+use tpu_kernels::DType;
+use tpu_kernels::mosaic::{IndexExpr, Kernel, check, custom_call_module};
 use tpu_kernels_registry::pjrt::testing::libtpu_for_tests;
 use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
 
 /// `o = x` over blocks `block` of `array`, the grid covering the array.
 fn copy(dtype: DType, array: [u64; 2], block: [u64; 2]) -> Kernel {
     let grid = [array[0] / block[0], array[1] / block[1]];
-    let ty = TensorType::new(dtype, array);
-    let mut k = TiledBuilder::new("copy", &grid, &[Semantics::Parallel; 2]).unwrap();
-    let map = [IndexExpr::Grid(0), IndexExpr::Grid(1)];
-    let x = k.input(ty.clone(), &block, &map).unwrap();
-    let o = k.output(ty, &block, &map).unwrap();
-    let v = k.load(x).unwrap();
-    k.store(o, v).unwrap();
-    k.finish_without_layout_checks().unwrap()
+    tiled_kernels::copy(
+        "copy",
+        dtype,
+        &array,
+        &block,
+        &grid,
+        &[IndexExpr::Grid(0), IndexExpr::Grid(1)],
+    )
+    .unwrap()
 }
 
 #[test]

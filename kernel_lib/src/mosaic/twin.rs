@@ -165,20 +165,24 @@ impl<'b> Step<'_, 'b> {
         BuildError { kernel: self.kernel.name.clone(), op, kind: ErrorKind::Verify, message }
     }
 
-    fn value(&self, v: ValueId) -> Result<Tensor<'b>, BuildError> {
-        self.values
-            .borrow()
+    fn lookup(
+        &self,
+        map: &RefCell<BTreeMap<u32, Tensor<'b>>>,
+        v: ValueId,
+        what: &str,
+    ) -> Result<Tensor<'b>, BuildError> {
+        map.borrow()
             .get(&v.0)
             .copied()
-            .ok_or_else(|| self.err("twin", format!("value %{} has no tensor", v.0)))
+            .ok_or_else(|| self.err("twin", format!("value %{} {what}", v.0)))
+    }
+
+    fn value(&self, v: ValueId) -> Result<Tensor<'b>, BuildError> {
+        self.lookup(&self.values, v, "has no tensor")
     }
 
     fn memref(&self, v: ValueId) -> Result<Tensor<'b>, BuildError> {
-        self.memrefs
-            .borrow()
-            .get(&v.0)
-            .copied()
-            .ok_or_else(|| self.err("twin", format!("value %{} is not a memref", v.0)))
+        self.lookup(&self.memrefs, v, "is not a memref")
     }
 
     fn region(&self, r: RegionId) -> Result<(), BuildError> {

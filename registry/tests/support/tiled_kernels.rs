@@ -1,4 +1,6 @@
-//! Tiled kernels built with `tpu_kernels::mosaic`, shared by the libtpu and CPU-twin tests.
+//! Tiled kernels built with `tpu_kernels::mosaic`, shared by the libtpu, tiling and CPU-twin
+//! tests.
+#![allow(dead_code, reason = "each test binary uses some of these kernels")]
 
 use tpu_kernels::mosaic::{Compare, IndexExpr, Kernel, MType, Reduce, Semantics, TiledBuilder};
 use tpu_kernels::{BuildError, DType, TensorType};
@@ -90,4 +92,23 @@ pub fn matmul(dtype: DType) -> Result<Kernel, BuildError> {
         k.store(o, r)
     })?;
     k.finish()
+}
+
+/// `o = x` over blocks `block` of `array`, both windows at `index_map`, over `grid`; verified
+/// only (scoping and types), so callers can put the tiling, coverage and VMEM checks to the test.
+pub fn copy(
+    name: &str,
+    dtype: DType,
+    array: &[u64],
+    block: &[u64],
+    grid: &[u64],
+    index_map: &[IndexExpr],
+) -> Result<Kernel, BuildError> {
+    let t = ty(dtype, array);
+    let mut k = TiledBuilder::new(name, grid, &vec![Parallel; grid.len()])?;
+    let x = k.input(t.clone(), block, index_map)?;
+    let o = k.output(t, block, index_map)?;
+    let v = k.load(x)?;
+    k.store(o, v)?;
+    k.finish_without_layout_checks()
 }
