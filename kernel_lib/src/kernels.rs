@@ -13,6 +13,7 @@ use crate::types::{DType, Dim, Shape, TensorType};
 
 pub mod backward;
 pub mod sdpa;
+pub mod tiled;
 
 /// The type arithmetic happens in for inputs of `dtype`.
 fn compute_type(dtype: DType) -> DType {

@@ -10,6 +10,8 @@
 //!   input types, as jaxlib's shape refinement does, so XLA compiles it.
 //! - [`registration`]: the record every kernel registers through, collected with `inventory`.
 //! - [`kernels`]: the standard kernels.
+//! - [`library`]: the C ABI of a kernel library, a crate of kernels built as a `cdylib` and
+//!   loaded at run time ([`export_library!`]).
 //! - [`mosaic`]: tiled TPU kernels: a Mosaic IR over a grid of VMEM blocks, its checks, its
 //!   printer and the `tpu_custom_call` module that carries it.
 
@@ -17,6 +19,7 @@ pub mod builder;
 mod error;
 pub mod ir;
 pub mod kernels;
+pub mod library;
 pub mod literal;
 pub mod mosaic;
 pub mod printer;
@@ -41,14 +44,18 @@ pub use types::{DType, Dim, Shape, TensorType};
 /// Items the generated code of `#[tpu_kernel]` names. Not a stable API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::registration::macro_support::{static_arg, static_default, trace};
+    pub use crate::mosaic::{IndexExpr, Kernel as MosaicKernel, MType, Semantics, Tiled};
+    pub use crate::registration::macro_support::{
+        static_arg, static_default, tiled_check_plan, tiled_declined, tiled_dim, tiled_fn,
+        tiled_named, tiled_numel, tiled_op, tiled_outputs, tiled_view, trace,
+    };
     pub use crate::registration::{
         Binding, BindingKind, CacheKey, Guard, ImportedModule, KernelRegistration, KernelSignature,
         OutputDType, OutputDim, OutputRule, OutputSpec, Platform, StaticKind, StaticParam,
     };
     pub use crate::{BuildError, DType, Module, Tensor};
     pub use inventory;
-    pub use std::{option::Option, result::Result, vec::Vec};
+    pub use std::{option::Option, result::Result, string::String, vec::Vec};
 }
 
 /// The README's Rust examples compile and run as doctests.

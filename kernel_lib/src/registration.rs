@@ -300,12 +300,21 @@ pub enum KernelSource {
     /// Pre-lowered StableHLO text embedded at compile time, at most one variant per platform.
     /// The registry inlines these; [`KernelRegistration::emit`] refuses them.
     Imported { tpu: Option<ImportedModule>, cpu: Option<ImportedModule> },
+    /// A tiled (Mosaic) kernel built per signature: its TPU variant is the `tpu_custom_call`
+    /// module, every other platform runs its CPU twin. `plan` says, without building, whether
+    /// the kernel takes a signature (its tile sizes divide the call's dims, its blocks fit):
+    /// a signature it refuses is declined, not a failure.
+    Tiled {
+        kernel: fn(&KernelSignature) -> Result<crate::mosaic::Kernel, BuildError>,
+        plan: fn(&KernelSignature) -> Result<(), String>,
+    },
 }
 
 impl fmt::Debug for KernelSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelSource::Built(_) => f.write_str("Built(..)"),
+            KernelSource::Tiled { .. } => f.write_str("Tiled(..)"),
             KernelSource::Imported { tpu, cpu } => {
                 f.debug_struct("Imported").field("tpu", tpu).field("cpu", cpu).finish()
             }
@@ -507,6 +516,16 @@ impl KernelRegistration {
         KernelRegistration::with_source(name, KernelSource::Built(build))
     }
 
+    /// A tiled record: `kernel` builds the Mosaic kernel for one signature, `plan` checks
+    /// whether it takes one (see [`KernelSource::Tiled`]).
+    pub const fn tiled(
+        name: &'static str,
+        kernel: fn(&KernelSignature) -> Result<crate::mosaic::Kernel, BuildError>,
+        plan: fn(&KernelSignature) -> Result<(), String>,
+    ) -> KernelRegistration {
+        KernelRegistration::with_source(name, KernelSource::Tiled { kernel, plan })
+    }
+
     /// An imported record: the module text for TPU and/or CPU; platforms are those given.
     pub const fn imported(
         name: &'static str,
@@ -686,14 +705,24 @@ impl KernelRegistration {
                 names.join(", ")
             ));
         }
-        self.guards.iter().try_for_each(|g| g.check(sig))
+        self.guards.iter().try_for_each(|g| g.check(sig))?;
+        match self.source {
+            KernelSource::Tiled { plan, .. } => plan(sig),
+            _ => Ok(()),
+        }
     }
 
-    /// Builds the module for `sig`. Imported kernels have no builder: this is an error naming
-    /// the kernel; use [`Self::imported_module`].
+    /// Builds the module for `sig`: the StableHLO every platform but a TPU runs (for a tiled
+    /// kernel, its CPU twin). Imported kernels have no builder: this is an error naming the
+    /// kernel; use [`Self::imported_module`].
     pub fn emit(&self, sig: &KernelSignature) -> Result<Module, BuildError> {
         match self.source {
             KernelSource::Built(build) => build(sig),
+            KernelSource::Tiled { kernel, .. } => {
+                let k = kernel(sig)?;
+                let outputs = self.tiled_output_types(sig)?;
+                crate::mosaic::cpu_twin_for(&k, &sig.inputs, &outputs)
+            }
             KernelSource::Imported { .. } => Err(BuildError {
                 kernel: self.name.to_owned(),
                 op: "emit",
@@ -705,6 +734,64 @@ impl KernelRegistration {
         }
     }
 
+    /// The module text for `sig` on `platform`: for a tiled kernel on a TPU, the StableHLO
+    /// module around its `tpu_custom_call` (the shipped Mosaic form); otherwise
+    /// [`Self::emit`]'s module, printed.
+    pub fn emit_text(
+        &self,
+        sig: &KernelSignature,
+        platform: Platform,
+    ) -> Result<String, BuildError> {
+        match (self.source, platform) {
+            (KernelSource::Tiled { kernel, .. }, Platform::Tpu) => {
+                let k = kernel(sig)?;
+                let outputs = self.tiled_output_types(sig)?;
+                Ok(crate::mosaic::custom_call_module_for(
+                    &k,
+                    crate::mosaic::Form::Shipped,
+                    &sig.inputs,
+                    &outputs,
+                ))
+            }
+            _ => self.emit(sig).map(|m| m.to_text()),
+        }
+    }
+
+    /// The Mosaic kernel of a tiled record for `sig` (`None` for other records).
+    pub fn tiled_kernel(
+        &self,
+        sig: &KernelSignature,
+    ) -> Option<Result<crate::mosaic::Kernel, BuildError>> {
+        match self.source {
+            KernelSource::Tiled { kernel, .. } => Some(kernel(sig)),
+            _ => None,
+        }
+    }
+
+    /// Whether the record is a tiled (Mosaic) kernel.
+    pub fn is_tiled(&self) -> bool {
+        matches!(self.source, KernelSource::Tiled { .. })
+    }
+
+    fn tiled_output_types(&self, sig: &KernelSignature) -> Result<Vec<TensorType>, BuildError> {
+        if let OutputRule::Build = self.output {
+            return Err(BuildError {
+                kernel: self.name.to_owned(),
+                op: "output",
+                kind: crate::ErrorKind::Shape,
+                message: "a tiled kernel declares its output types (`output = ...`): its \
+                          outputs are windows, not results read off a built module"
+                    .to_owned(),
+            });
+        }
+        self.output_types(sig).map_err(|message| BuildError {
+            kernel: self.name.to_owned(),
+            op: "output",
+            kind: crate::ErrorKind::Shape,
+            message,
+        })
+    }
+
     /// Whether the module is imported StableHLO text rather than built from Rust.
     pub fn is_imported(&self) -> bool {
         matches!(self.source, KernelSource::Imported { .. })
@@ -714,7 +801,7 @@ impl KernelRegistration {
     /// import has no variant for; CUDA takes the CPU variant's plain StableHLO).
     pub fn imported_module(&self, platform: Platform) -> Option<&ImportedModule> {
         match &self.source {
-            KernelSource::Built(_) => None,
+            KernelSource::Built(_) | KernelSource::Tiled { .. } => None,
             KernelSource::Imported { tpu, cpu } => match platform {
                 Platform::Tpu => tpu.as_ref(),
                 Platform::Cpu | Platform::Cuda => cpu.as_ref(),
@@ -763,7 +850,7 @@ where
 #[doc(hidden)]
 pub mod macro_support {
     use super::{KernelRegistration, KernelSignature, StaticKind, StaticValue};
-    use crate::{BuildError, ErrorKind, KernelBuilder, Module, Tensor};
+    use crate::{BuildError, ErrorKind, KernelBuilder, Module, Tensor, TensorType};
 
     /// A Rust type a static parameter can have.
     pub trait StaticArg<'s>: Sized {
@@ -810,6 +897,144 @@ pub mod macro_support {
                 _ => None,
             }
         }
+    }
+
+    /// Dimension `pos` (negative: from the end) of input `input`, for a tiled kernel's plan.
+    pub fn tiled_dim(sig: &KernelSignature, input: usize, pos: i64) -> Result<u64, String> {
+        let t = sig.inputs.get(input).ok_or_else(|| format!("input {input} missing"))?;
+        let dims =
+            t.shape.static_dims().ok_or_else(|| format!("input {input} {t} has symbolic dims"))?;
+        let i = if pos < 0 { dims.len() as i64 + pos } else { pos };
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| dims.get(i).copied())
+            .ok_or_else(|| format!("input {input} {t} has no dim {pos}"))
+    }
+
+    /// The element count of input `input`.
+    pub fn tiled_numel(sig: &KernelSignature, input: usize) -> Result<u64, String> {
+        let t = sig.inputs.get(input).ok_or_else(|| format!("input {input} missing"))?;
+        let dims =
+            t.shape.static_dims().ok_or_else(|| format!("input {input} {t} has symbolic dims"))?;
+        Ok(dims.iter().product())
+    }
+
+    /// A tile's value, refused when 0.
+    pub fn tiled_named(name: &str, value: u64) -> Result<u64, String> {
+        if value == 0 {
+            return Err(format!("tile `{name}` is 0"));
+        }
+        Ok(value)
+    }
+
+    /// `a op b` of sizes; `/` must divide exactly, and nothing may overflow or go negative.
+    pub fn tiled_op(op: char, a: u64, b: u64) -> Result<u64, String> {
+        let r = match op {
+            '+' => a.checked_add(b),
+            '-' => a.checked_sub(b),
+            '*' => a.checked_mul(b),
+            '/' if b != 0 && a.is_multiple_of(b) => Some(a / b),
+            '/' if b != 0 => return Err(format!("{b} does not divide {a}")),
+            '%' if b != 0 => Some(a % b),
+            _ => None,
+        };
+        r.ok_or_else(|| format!("{a} {op} {b} is not a size"))
+    }
+
+    /// `min`, `max`, `cdiv`, `round_up` and `tile(D, max, align)`: the largest multiple of
+    /// `align` up to `max` that divides `D`, or `D` itself when `D <= max`.
+    pub fn tiled_fn(f: &str, args: &[u64]) -> Result<u64, String> {
+        let arg =
+            |i: usize| args.get(i).copied().ok_or_else(|| format!("`{f}` lacks argument {i}"));
+        match f {
+            "min" => Ok(arg(0)?.min(arg(1)?)),
+            "max" => Ok(arg(0)?.max(arg(1)?)),
+            "cdiv" | "round_up" => {
+                let (a, b) = (arg(0)?, arg(1)?);
+                if b == 0 {
+                    return Err(format!("`{f}({a}, 0)`"));
+                }
+                Ok(if f == "cdiv" { a.div_ceil(b) } else { a.div_ceil(b) * b })
+            }
+            "tile" => {
+                let (d, max, align) = (arg(0)?, arg(1)?, arg(2)?);
+                if d <= max {
+                    return Ok(d);
+                }
+                if align == 0 {
+                    return Err("`tile` with alignment 0".to_owned());
+                }
+                let mut t = max - max % align;
+                while t >= align {
+                    if d.is_multiple_of(t) {
+                        return Ok(t);
+                    }
+                    t -= align;
+                }
+                Err(format!("no tile of at most {max} that is a multiple of {align} divides {d}"))
+            }
+            other => Err(format!("unknown size function `{other}`")),
+        }
+    }
+
+    /// `array` as the kernel's window sees it: itself, or its `view` (the same element count).
+    pub fn tiled_view(array: &TensorType, view: &Option<Vec<u64>>) -> Result<TensorType, String> {
+        let Some(v) = view else { return Ok(array.clone()) };
+        let n: Option<u64> = array.shape.static_dims().map(|d| d.iter().product());
+        if n != Some(v.iter().product()) {
+            return Err(format!("{array} cannot be viewed as {v:?}: another element count"));
+        }
+        Ok(TensorType::new(array.dtype, v.as_slice()))
+    }
+
+    /// The plan fits: each view has its array's element count, and blocks (double-buffered)
+    /// plus scratch fit the smallest target's scoped VMEM (v5e's default), so the kernel
+    /// compiles on every target it is built for.
+    pub fn tiled_check_plan(
+        reg: &KernelRegistration,
+        sig: &KernelSignature,
+        blocks: &[Vec<u64>],
+        views: &[Option<Vec<u64>>],
+        scratch: &[Vec<u64>],
+        scratch_elem: &[u64],
+    ) -> Result<(), String> {
+        let outputs = reg.output_types(sig)?;
+        let arrays: Vec<&TensorType> = sig.inputs.iter().chain(&outputs).collect();
+        let mut bytes = 0u64;
+        for ((a, b), v) in arrays.iter().zip(blocks).zip(views) {
+            tiled_view(a, v)?;
+            bytes += 2 * b.iter().product::<u64>() * a.dtype.byte_size() as u64;
+        }
+        for (s, e) in scratch.iter().zip(scratch_elem) {
+            bytes += s.iter().product::<u64>() * e;
+        }
+        let limit = crate::mosaic::Target::V5E;
+        if bytes > limit.scoped_vmem_bytes {
+            return Err(format!(
+                "its blocks (double-buffered) and scratch need {bytes} bytes of VMEM, over \
+                 {}'s scoped limit of {} bytes",
+                limit.name, limit.scoped_vmem_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// A plan's refusal as a build error: the kernel does not take the signature.
+    pub fn tiled_declined(kernel: &str, message: String) -> BuildError {
+        BuildError { kernel: kernel.to_owned(), op: "plan", kind: ErrorKind::Unsupported, message }
+    }
+
+    /// The output types of a tiled kernel's signature.
+    pub fn tiled_outputs(
+        reg: &KernelRegistration,
+        sig: &KernelSignature,
+    ) -> Result<Vec<TensorType>, BuildError> {
+        reg.output_types(sig).map_err(|m| BuildError {
+            kernel: reg.name.to_owned(),
+            op: "output",
+            kind: ErrorKind::Shape,
+            message: m,
+        })
     }
 
     fn signature_error(kernel: &str, message: String) -> BuildError {

@@ -78,10 +78,19 @@ impl StaticType {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ParamKind {
-    /// Tensor input number `n`.
+    /// Tensor input number `n` (in a tiled kernel: the block of input window `n`).
     Tensor(usize),
     /// Static parameter number `n`.
     Static(usize, StaticType),
+    /// A tiled kernel's `Block` parameter, before [`crate::tiled`] says whether it is an
+    /// input, an output or a scratch buffer.
+    Block,
+    /// The block of a tiled kernel's output window `n`.
+    Output(usize),
+    /// A tiled kernel's scratch buffer `n`.
+    Scratch(usize),
+    /// A tiled kernel's `&Tiled`: the kernel being built.
+    Ctx,
 }
 
 pub struct Param {
@@ -107,6 +116,8 @@ pub struct Kernel {
     pub params: Vec<Param>,
     pub returns: Option<Returns>,
     pub doc: String,
+    /// A tiled kernel (`tiled(...)`): its parameters are blocks, it returns `()`.
+    pub tiled: bool,
 }
 
 impl Kernel {
@@ -117,7 +128,7 @@ impl Kernel {
     pub fn statics(&self) -> impl Iterator<Item = (&Param, StaticType)> {
         self.params.iter().filter_map(|p| match p.kind {
             ParamKind::Static(_, t) => Some((p, t)),
-            ParamKind::Tensor(_) => None,
+            _ => None,
         })
     }
 
@@ -128,7 +139,7 @@ impl Kernel {
     pub fn tensor_index(&self, name: &str) -> Option<usize> {
         match self.param(name)?.kind {
             ParamKind::Tensor(i) => Some(i),
-            ParamKind::Static(..) => None,
+            _ => None,
         }
     }
 
@@ -141,8 +152,9 @@ impl Kernel {
     }
 }
 
-/// Validates the function. Returns `None` only when the item is not a function at all.
-pub fn from_item(cx: &mut Ctxt, item: TokenStream) -> Option<Kernel> {
+/// Validates the function (a tiled kernel's when `tiled`). Returns `None` only when the item
+/// is not a function at all.
+pub fn from_item(cx: &mut Ctxt, item: TokenStream, tiled: bool) -> Option<Kernel> {
     let item: KernelItem = match syn::parse2(item.clone()) {
         Ok(i) => i,
         Err(_) => {
@@ -207,6 +219,25 @@ pub fn from_item(cx: &mut Ctxt, item: TokenStream) -> Option<Kernel> {
         let raw = ident.unraw().to_string();
         let schema_name = if raw == "self_" { "self".to_owned() } else { raw };
         let kind = match classify_param(&pat_ty.ty) {
+            _ if tiled && is_tiled_ctx(&pat_ty.ty) => ParamKind::Ctx,
+            _ if is_block(&pat_ty.ty) => {
+                if !tiled {
+                    cx.error_spanned_by(
+                        &pat_ty.ty,
+                        "a `Block` parameter belongs to a tiled kernel: declare its grid and \
+                         blocks with `tiled(...)`",
+                    );
+                }
+                ParamKind::Block
+            }
+            Some(None) if tiled => {
+                cx.error_spanned_by(
+                    &pat_ty.ty,
+                    "a tiled kernel works on blocks: its inputs, outputs and scratch buffers are \
+                     `Block` parameters, not `Tensor`",
+                );
+                continue;
+            }
             Some(None) => {
                 n_tensors += 1;
                 ParamKind::Tensor(n_tensors - 1)
@@ -230,11 +261,33 @@ pub fn from_item(cx: &mut Ctxt, item: TokenStream) -> Option<Kernel> {
         };
         params.push(Param { ident, schema_name, kind, ty: (*pat_ty.ty).clone() });
     }
-    if n_tensors == 0 && sig.inputs.iter().all(|i| matches!(i, syn::FnArg::Typed(_))) {
+    if !tiled && n_tensors == 0 && sig.inputs.iter().all(|i| matches!(i, syn::FnArg::Typed(_))) {
         cx.error_spanned_by(&sig.ident, "a kernel takes at least one `Tensor` parameter");
     }
 
     let returns = match &sig.output {
+        _ if tiled => {
+            // A tiled kernel writes its output blocks; `crate::tiled` counts them.
+            match &sig.output {
+                syn::ReturnType::Default => {
+                    Some(Returns { count: 0, fallible: false, span: sig.ident.span() })
+                }
+                syn::ReturnType::Type(_, ty) if is_unit_result(ty) => {
+                    Some(Returns { count: 0, fallible: true, span: ty.span() })
+                }
+                syn::ReturnType::Type(_, ty) => {
+                    cx.error_spanned_by(
+                        ty,
+                        format!(
+                            "a tiled kernel stores its outputs into its output blocks: it returns \
+                             nothing (or `Result<(), BuildError>`), not `{}`",
+                            type_text(ty)
+                        ),
+                    );
+                    None
+                }
+            }
+        }
         syn::ReturnType::Default => {
             cx.error_spanned_by(
                 sig,
@@ -268,7 +321,33 @@ pub fn from_item(cx: &mut Ctxt, item: TokenStream) -> Option<Kernel> {
     })) {
         p.ty = (*input.ty).clone();
     }
-    Some(Kernel { item, params, returns, doc })
+    Some(Kernel { item, params, returns, doc, tiled })
+}
+
+/// `Block` or `Block<'k>`.
+fn is_block(ty: &Type) -> bool {
+    matches!(last_segment(ty), Some(s) if s.ident == "Block" && is_tensor_args(&s.arguments))
+}
+
+/// `&Tiled`.
+fn is_tiled_ctx(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) => {
+            r.mutability.is_none()
+                && matches!(last_segment(&r.elem), Some(s) if s.ident == "Tiled" && s.arguments.is_empty())
+        }
+        _ => false,
+    }
+}
+
+/// `Result<(), _>`.
+fn is_unit_result(ty: &Type) -> bool {
+    let Some(seg) = last_segment(ty) else { return false };
+    if seg.ident != "Result" {
+        return false;
+    }
+    let syn::PathArguments::AngleBracketed(a) = &seg.arguments else { return false };
+    matches!(a.args.first(), Some(syn::GenericArgument::Type(Type::Tuple(t))) if t.elems.is_empty())
 }
 
 /// The lifetime the rewrite gives every elided `Tensor`.

@@ -35,6 +35,7 @@ pub const KEYS: &[&str] = &[
     "backward",
     "canonical",
     "import",
+    "tiled",
     "crate",
 ];
 
@@ -125,6 +126,8 @@ pub struct Attrs {
     pub backward: Once<(String, Span)>,
     pub canonical: Once<Vec<LitStr>>,
     pub import: Once<Import>,
+    /// The contents of `tiled(...)`, read by [`crate::tiled`].
+    pub tiled: Once<Group>,
     pub krate: Once<syn::Path>,
     /// The arguments did not parse as a list of keys at all: checks that a key is missing
     /// would only add noise.
@@ -152,6 +155,7 @@ impl Attrs {
             backward: Once::new("backward"),
             canonical: Once::new("canonical"),
             import: Once::new("import"),
+            tiled: Once::new("tiled"),
             krate: Once::new("crate"),
             unparsable: false,
         }
@@ -338,6 +342,10 @@ fn parse_key(
                 cx.syn_error(e);
             }
             attrs.shapes.set(cx, path, decls);
+        }
+        "tiled" => {
+            let group = paren_group(input, key, path)?;
+            attrs.tiled.set(cx, path, group);
         }
         "same_dtype" => {
             if !(input.is_empty() || input.peek(Token![,])) {

@@ -89,11 +89,13 @@ pub struct Model {
     pub doc: String,
     pub import: Option<ImportModel>,
     pub krate: TokenStream,
+    /// Where each named dimension of `shapes` first appears.
+    pub dims: BTreeMap<String, DimPos>,
 }
 
 /// Where a named dimension first appears: (input, dim index counted from the end when the
 /// shape has a `..` before it).
-type DimPos = (usize, i64);
+pub type DimPos = (usize, i64);
 
 pub fn check(cx: &mut Ctxt, attrs: &Attrs, k: &Kernel) -> Model {
     let name = match attrs.name.get() {
@@ -148,6 +150,7 @@ pub fn check(cx: &mut Ctxt, attrs: &Attrs, k: &Kernel) -> Model {
         doc: k.doc.clone(),
         import,
         krate,
+        dims,
     }
 }
 
@@ -266,13 +269,20 @@ fn check_schema(
 ) -> (Vec<String>, Vec<(String, usize, BindingModel)>) {
     let schema: Vec<String> = match attrs.schema.get() {
         Some((names, _)) => names.iter().map(|n| n.unraw().to_string()).collect(),
-        None => k.params.iter().map(|p| p.schema_name.clone()).collect(),
+        None => k
+            .params
+            .iter()
+            .filter(|p| matches!(p.kind, ParamKind::Tensor(_) | ParamKind::Static(..)))
+            .map(|p| p.schema_name.clone())
+            .collect(),
     };
     let mut bindings = Vec::new();
     for p in &k.params {
         let kind = match p.kind {
             ParamKind::Tensor(i) => BindingModel::Tensor(i),
             ParamKind::Static(i, _) => BindingModel::Static(i),
+            // Outputs, scratch and the kernel handle are not arguments of the op.
+            _ => continue,
         };
         match schema.iter().position(|s| *s == p.schema_name) {
             Some(pos) => bindings.push((p.schema_name.clone(), pos, kind)),
@@ -513,9 +523,10 @@ fn check_output(
     if let Some(r) = &k.returns
         && r.count != items.len()
     {
+        let has = if k.tiled { "the kernel has output blocks:" } else { "the function returns" };
         cx.error_at(
             *span,
-            format!("`output` describes {} outputs, the function returns {}", items.len(), r.count),
+            format!("`output` describes {} outputs, {has} {}", items.len(), r.count),
         );
     }
     let tensor = |cx: &mut Ctxt, e: &Expr| -> Option<usize> {

@@ -12,6 +12,7 @@ mod attr;
 mod check;
 mod ctxt;
 mod expand;
+mod tiled;
 // The StableHLO reader and the tensor types are std-only; the macro reads imported modules
 // with the very code the library uses.
 #[allow(dead_code, reason = "only part of the library's reader API is used at compile time")]

@@ -204,6 +204,10 @@ impl Kernel {
         platform: Platform,
     ) -> Result<ModuleText, RegistryError> {
         match &self.source {
+            KernelSource::Built if self.record.is_tiled() && platform == Platform::Tpu => {
+                let text = self.record.emit_text(sig, platform).map_err(RegistryError::Build)?;
+                Ok(ModuleText { text: Arc::from(text), module: None })
+            }
             KernelSource::Built => {
                 let module = self.record.emit(sig).map_err(RegistryError::Build)?;
                 Ok(ModuleText { text: Arc::from(module.to_text()), module: Some(module) })
@@ -337,6 +341,15 @@ impl fmt::Display for NoKernel {
 pub struct Index {
     by_op: FxHashMap<String, OpEntry>,
     by_name: BTreeMap<&'static str, Arc<Kernel>>,
+    /// Tiled kernels go first on every platform, not only on a TPU (see [`Index::select`]).
+    force_tiled: bool,
+}
+
+/// Whether `TPUK_FORCE_TILED` asks for tiled kernels on every platform (`1`, `true`, `on`).
+pub fn force_tiled_from_env() -> bool {
+    std::env::var("TPUK_FORCE_TILED").is_ok_and(|v| {
+        matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "on" | "yes")
+    })
 }
 
 /// The candidates of one op, in selection order, with a pre-filter on a static value.
@@ -445,7 +458,24 @@ impl Index {
             let split = StaticSplit::build(&list);
             by_op.insert(op, OpEntry { candidates: list, split });
         }
-        Ok(Index { by_op, by_name })
+        Ok(Index { by_op, by_name, force_tiled: false })
+    }
+
+    /// This index with tiled kernels first on every platform (`true`), or on a TPU only.
+    pub fn with_force_tiled(mut self, force: bool) -> Index {
+        self.force_tiled = force;
+        self
+    }
+
+    /// Whether tiled kernels go first on every platform.
+    pub fn force_tiled(&self) -> bool {
+        self.force_tiled
+    }
+
+    /// Whether selection for `platform` tries tiled kernels before the others: on a TPU (a
+    /// tiled kernel is what runs there), and everywhere when forced.
+    pub fn tiled_first(&self, platform: Platform) -> bool {
+        platform == Platform::Tpu || self.force_tiled
     }
 
     /// The index of every kernel linked into the binary.
@@ -463,20 +493,24 @@ impl Index {
             return Err(NoKernel::UnknownOp { op: op.to_owned(), known: self.ops() });
         };
         let candidates = &entry.candidates;
-        match entry.split.as_ref().and_then(|s| s.narrow(call.sig)) {
-            Some(narrowed) => {
-                for &i in narrowed {
-                    if candidates[i].accepts(call).is_ok() {
-                        return Ok(&candidates[i]);
-                    }
+        let all: Vec<usize>;
+        let order: &[usize] = match entry.split.as_ref().and_then(|s| s.narrow(call.sig)) {
+            Some(narrowed) => narrowed,
+            None => {
+                all = (0..candidates.len()).collect();
+                &all
+            }
+        };
+        if self.tiled_first(call.platform) {
+            for &i in order.iter().filter(|&&i| candidates[i].record.is_tiled()) {
+                if candidates[i].accepts(call).is_ok() {
+                    return Ok(&candidates[i]);
                 }
             }
-            None => {
-                for k in candidates {
-                    if k.accepts(call).is_ok() {
-                        return Ok(k);
-                    }
-                }
+        }
+        for &i in order {
+            if candidates[i].accepts(call).is_ok() {
+                return Ok(&candidates[i]);
             }
         }
         let reasons = candidates
@@ -486,9 +520,21 @@ impl Index {
         Err(NoKernel::NoMatch { op: op.to_owned(), reasons })
     }
 
-    /// Candidates for `op`, in selection order.
+    /// Candidates for `op`, in selection order (before the tiled-first rule).
     pub fn candidates(&self, op: &str) -> &[Arc<Kernel>] {
         self.by_op.get(op).map(|e| e.candidates.as_slice()).unwrap_or(&[])
+    }
+
+    /// Candidates for `op` in the order selection tries them on `platform`: tiled kernels
+    /// first where [`Self::tiled_first`] says so, then the rest, each part in priority order.
+    pub fn candidates_for(&self, op: &str, platform: Platform) -> Vec<&Arc<Kernel>> {
+        let all = self.candidates(op);
+        if !self.tiled_first(platform) {
+            return all.iter().collect();
+        }
+        let (tiled, rest): (Vec<&Arc<Kernel>>, Vec<&Arc<Kernel>>) =
+            all.iter().partition(|k| k.record.is_tiled());
+        tiled.into_iter().chain(rest).collect()
     }
 
     /// Every op with at least one kernel, sorted.
@@ -579,12 +625,11 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry of the linked-in kernels.
+    /// A registry of the linked-in kernels (tiled kernels first everywhere when
+    /// `TPUK_FORCE_TILED` is set, see [`Registry::set_force_tiled`]).
     pub fn new() -> Result<Registry, RegistryError> {
-        Ok(Registry {
-            index: ArcSwap::from_pointee(Index::from_inventory()?),
-            runtime: Mutex::new(BTreeMap::new()),
-        })
+        let index = Index::from_inventory()?.with_force_tiled(force_tiled_from_env());
+        Ok(Registry { index: ArcSwap::from_pointee(index), runtime: Mutex::new(BTreeMap::new()) })
     }
 
     /// The one registry of this process (Rust and Python registrations share it).
@@ -619,7 +664,23 @@ impl Registry {
         let mut kernels: Vec<Arc<Kernel>> =
             current.kernels().filter(|k| !k.runtime).cloned().collect();
         kernels.extend(runtime.values().cloned());
-        Index::build(kernels)
+        Ok(Index::build(kernels)?.with_force_tiled(current.force_tiled()))
+    }
+
+    /// Makes selection try tiled kernels first on every platform (`true`: on the CPU their
+    /// twin runs, so tests can run a tiled kernel end to end without a TPU), or on a TPU only
+    /// (`false`, the default unless `TPUK_FORCE_TILED` is set). A new index, so every memo of
+    /// an earlier selection is dropped.
+    pub fn set_force_tiled(&self, force: bool) -> Result<(), RegistryError> {
+        let runtime = self.runtime.lock().map_err(|_| RegistryError::Poisoned)?;
+        let index = self.rebuild(&runtime)?.with_force_tiled(force);
+        self.index.store(Arc::new(index));
+        Ok(())
+    }
+
+    /// Whether tiled kernels go first on every platform.
+    pub fn force_tiled(&self) -> bool {
+        self.index.load().force_tiled()
     }
 
     /// Adds a kernel at runtime. On any error (invalid, duplicate name, ambiguity) the registry

@@ -1,6 +1,8 @@
 //! Snapshots of emitted StableHLO: every registered kernel at each of its canonical signatures,
-//! and the op-coverage modules. Cases come from iterating the registry, so a new kernel cannot
-//! escape its snapshot; an orphaned snapshot file fails `no_orphaned_snapshots`.
+//! and the op-coverage modules; for tiled kernels also both printed Mosaic forms (the readable
+//! one and the shipped `stable_mosaic` serialization) under `mosaic/`. Cases come from
+//! iterating the registry, so a new kernel cannot escape its snapshot; an orphaned snapshot file
+//! fails `no_orphaned_snapshots`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -8,14 +10,54 @@ use std::path::Path;
 use tpu_kernels::registered;
 
 const SNAPSHOT_DIR: &str = "hlo";
+const MOSAIC_DIR: &str = "mosaic";
 
 fn settings() -> insta::Settings {
+    settings_in(SNAPSHOT_DIR)
+}
+
+fn settings_in(dir: &str) -> insta::Settings {
     let mut s = insta::Settings::clone_current();
-    // Relative to this file: snapshots/hlo/.
-    s.set_snapshot_path(format!("../{SNAPSHOT_DIR}"));
+    // Relative to this file: snapshots/hlo/ or snapshots/mosaic/.
+    s.set_snapshot_path(format!("../{dir}"));
     s.set_prepend_module_to_snapshot(false);
     s.set_omit_expression(true);
     s
+}
+
+/// Every Mosaic snapshot name: each tiled kernel at each canonical signature, in both forms.
+fn expected_mosaic_names() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for k in registered().into_iter().filter(|k| k.is_tiled()) {
+        for sig in k.canonical_signatures().expect("canonical signatures parse") {
+            for form in ["readable", "shipped"] {
+                names.insert(format!("{}@{}.{form}", k.name, sig.label()));
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_tiled_kernel_in_both_mosaic_forms() {
+    let tiled: Vec<_> = registered().into_iter().filter(|k| k.is_tiled()).collect();
+    assert!(tiled.len() >= 3, "the standard tiled kernels are registered: {tiled:?}");
+    settings_in(MOSAIC_DIR).bind(|| {
+        for k in tiled {
+            for sig in k.canonical_signatures().unwrap() {
+                let kernel = k.tiled_kernel(&sig).unwrap().unwrap_or_else(|e| panic!("{e}"));
+                let label = format!("{}@{}", k.name, sig.label());
+                insta::assert_snapshot!(
+                    format!("{label}.readable"),
+                    tpu_kernels::mosaic::print_kernel(&kernel)
+                );
+                insta::assert_snapshot!(
+                    format!("{label}.shipped"),
+                    tpu_kernels::mosaic::print_kernel_serialized(&kernel)
+                );
+            }
+        }
+    });
 }
 
 /// Every snapshot name the tests below write, derived from the registry and the op list.
@@ -88,8 +130,12 @@ fn emission_is_byte_for_byte_deterministic() {
 
 #[test]
 fn no_orphaned_snapshots() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(SNAPSHOT_DIR);
-    let expected = expected_names();
+    check_orphans(SNAPSHOT_DIR, expected_names());
+    check_orphans(MOSAIC_DIR, expected_mosaic_names());
+}
+
+fn check_orphans(dir: &str, expected: BTreeSet<String>) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut found = BTreeSet::new();
     for entry in std::fs::read_dir(&dir).expect("snapshot directory exists") {
         let name = entry.unwrap().file_name().to_string_lossy().into_owned();

@@ -30,6 +30,10 @@ pub struct TiledBuilder {
     /// Whether the body has ops (windows and scratch come before).
     started: bool,
     outputs_started: bool,
+    /// The source location ops are recorded at, when a caller sets it (the tiled-kernel
+    /// language, whose ops reach the builder through closures `#[track_caller]` cannot see
+    /// through); otherwise each op's own caller.
+    at: Option<Loc>,
 }
 
 struct Cx<'a>(&'a [MType]);
@@ -84,6 +88,7 @@ impl TiledBuilder {
             stack: vec![RegionId(0)],
             started: false,
             outputs_started: false,
+            at: None,
         })
     }
 
@@ -219,8 +224,7 @@ impl TiledBuilder {
             results.push(ValueId((self.kernel.values.len() - 1) as u32));
         }
         let region = *self.stack.last().unwrap_or(&RegionId(0));
-        let caller = std::panic::Location::caller();
-        let loc = Loc { file: caller.file(), line: caller.line(), column: caller.column() };
+        let loc = self.at.unwrap_or_else(|| Loc::of(std::panic::Location::caller()));
         let region = &mut self.kernel.regions[region.0 as usize];
         region.instrs.push(Instr { op, results: results.clone() });
         region.locs.push(loc);
@@ -424,13 +428,43 @@ impl TiledBuilder {
         cond: MValue,
         body: impl FnOnce(&mut TiledBuilder) -> Result<(), BuildError>,
     ) -> Result<(), BuildError> {
+        self.begin_when(cond)?;
+        let result = body(self);
+        self.end_when();
+        result
+    }
+
+    /// Opens the region of a `when`: the ops added until [`Self::end_when`] run only when
+    /// `cond` (an `i1` scalar) holds. For callers that cannot lend the builder to a closure.
+    #[track_caller]
+    pub fn begin_when(&mut self, cond: MValue) -> Result<(), BuildError> {
         let then = RegionId(self.kernel.regions.len() as u32);
         self.kernel.regions.push(Region::default());
         self.push(Op::If { cond: cond.0, then })?;
         self.stack.push(then);
-        let result = body(self);
-        self.stack.pop();
-        result
+        Ok(())
+    }
+
+    /// Closes the innermost region [`Self::begin_when`] opened (the body stays open).
+    pub fn end_when(&mut self) {
+        if self.stack.len() > 1 {
+            self.stack.pop();
+        }
+    }
+
+    /// Records the ops added until the next call at `at` (`None`: at each op's caller).
+    pub fn set_location(&mut self, at: Option<Loc>) {
+        self.at = at;
+    }
+
+    /// The kernel's name.
+    pub fn name(&self) -> &str {
+        &self.kernel.name
+    }
+
+    /// The grid.
+    pub fn grid(&self) -> &[u64] {
+        &self.kernel.grid
     }
 
     /// Verifies the kernel and checks its tiling and coverage.

@@ -231,6 +231,11 @@ pub struct Loc {
 }
 
 impl Loc {
+    /// The location of a Rust caller.
+    pub fn of(caller: &'static std::panic::Location<'static>) -> Loc {
+        Loc { file: caller.file(), line: caller.line(), column: caller.column() }
+    }
+
     /// `loc("file":line:column)`, the MLIR location the printers attach to the op.
     pub fn mlir(&self) -> String {
         format!("loc(\"{}\":{}:{})", crate::ir::escape(self.file), self.line, self.column)

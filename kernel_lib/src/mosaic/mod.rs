@@ -23,6 +23,7 @@
 
 pub mod builder;
 pub mod check;
+pub mod dsl;
 pub mod interp;
 pub mod ir;
 pub mod printer;
@@ -33,10 +34,11 @@ pub mod wrap;
 
 pub use builder::{MValue, TiledBuilder};
 pub use check::Target;
+pub use dsl::{Block, Tiled, Vector};
 pub use interp::interpret;
 pub use ir::{BinaryOp, Compare, IndexExpr, Kernel, Reduce, Scalar, Semantics, UnaryOp, Window};
 pub use printer::print_kernel;
 pub use serialized::print_kernel_serialized;
-pub use twin::cpu_twin;
+pub use twin::{cpu_twin, cpu_twin_for};
 pub use types::{MType, MemorySpace};
-pub use wrap::{Form, custom_call_module, custom_call_module_as};
+pub use wrap::{Form, custom_call_module, custom_call_module_as, custom_call_module_for};

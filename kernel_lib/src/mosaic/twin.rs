@@ -30,8 +30,27 @@ use super::types::MType;
 /// and returns the output arrays.
 pub fn cpu_twin(kernel: &Kernel) -> Result<Module, BuildError> {
     let inputs: Vec<TensorType> = kernel.inputs().iter().map(|w| w.array.clone()).collect();
-    let b = KernelBuilder::new(&kernel.name, &inputs);
-    let args = b.args();
+    let outputs: Vec<TensorType> = kernel.outputs().iter().map(|w| w.array.clone()).collect();
+    cpu_twin_for(kernel, &inputs, &outputs)
+}
+
+/// [`cpu_twin`] for a caller whose arrays have other shapes of the same size than the
+/// kernel's windows see: `@main` takes `inputs` and returns `outputs`, reshaped (row-major)
+/// to and from the windows' arrays, as [`custom_call_module_for`] does around the custom call.
+///
+/// [`custom_call_module_for`]: super::wrap::custom_call_module_for
+pub fn cpu_twin_for(
+    kernel: &Kernel,
+    inputs: &[TensorType],
+    outputs: &[TensorType],
+) -> Result<Module, BuildError> {
+    let b = KernelBuilder::new(&kernel.name, inputs);
+    let mut args = b.args();
+    for (a, w) in args.iter_mut().zip(kernel.inputs()) {
+        if a.ty() != w.array {
+            *a = a.reshape(w.array.shape.clone());
+        }
+    }
     let mut init = vec![b.scalar(DType::I32, 0.0)?];
     for w in kernel.outputs() {
         init.push(b.splat(w.array.clone(), uninitialised(w.array.dtype))?);
@@ -49,7 +68,13 @@ pub fn cpu_twin(kernel: &Kernel) -> Result<Module, BuildError> {
         },
         |carried| step(kernel, &b, &args, carried),
     )?;
-    b.finish(&result[1..=n_out])
+    let mut results = result[1..=n_out].to_vec();
+    for (r, caller) in results.iter_mut().zip(outputs) {
+        if r.ty() != *caller {
+            *r = r.reshape(caller.shape.clone());
+        }
+    }
+    b.finish(&results)
 }
 
 fn uninitialised(dtype: DType) -> f64 {

@@ -84,14 +84,30 @@ pub fn custom_call_module(kernel: &Kernel) -> String {
 
 /// [`custom_call_module`] carrying `form`.
 pub fn custom_call_module_as(kernel: &Kernel, form: Form) -> String {
-    let inputs: Vec<&TensorType> = kernel.inputs().iter().map(|w| &w.array).collect();
-    let outputs: Vec<&TensorType> = kernel.outputs().iter().map(|w| &w.array).collect();
+    let inputs: Vec<TensorType> = kernel.inputs().iter().map(|w| w.array.clone()).collect();
+    let outputs: Vec<TensorType> = kernel.outputs().iter().map(|w| w.array.clone()).collect();
+    custom_call_module_for(kernel, form, &inputs, &outputs)
+}
+
+/// [`custom_call_module_as`] for a caller whose arrays have other shapes of the same size than
+/// the kernel's windows see (an `[..., D]` input the kernel views as `[rows, D]`): `@main`
+/// takes `inputs` and returns `outputs`, reshaping around the custom call (row-major, free).
+pub fn custom_call_module_for(
+    kernel: &Kernel,
+    form: Form,
+    inputs: &[TensorType],
+    outputs: &[TensorType],
+) -> String {
+    let views: Vec<&TensorType> = kernel.inputs().iter().map(|w| &w.array).collect();
+    let out_views: Vec<&TensorType> = kernel.outputs().iter().map(|w| &w.array).collect();
     let join = |ts: &[&TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
-    let results =
-        if outputs.len() == 1 { outputs[0].to_string() } else { format!("({})", join(&outputs)) };
+    let tuple = |ts: &[&TensorType]| {
+        if ts.len() == 1 { ts[0].to_string() } else { format!("({})", join(ts)) }
+    };
+    let callers: Vec<&TensorType> = inputs.iter().collect();
+    let out_callers: Vec<&TensorType> = outputs.iter().collect();
     let params: Vec<String> =
-        inputs.iter().enumerate().map(|(i, t)| format!("%arg{i}: {t}")).collect();
-    let args: Vec<String> = (0..inputs.len()).map(|i| format!("%arg{i}")).collect();
+        callers.iter().enumerate().map(|(i, t)| format!("%arg{i}: {t}")).collect();
     let layouts = |ts: &[&TensorType]| ts.iter().map(|t| layout(t)).collect::<Vec<_>>().join(", ");
     let mut out = String::new();
     let _ = writeln!(
@@ -99,24 +115,46 @@ pub fn custom_call_module_as(kernel: &Kernel, form: Form) -> String {
         "module {} attributes {{mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 1 : i32}} {{",
         symbol(&kernel.name)
     );
-    let _ = writeln!(out, "  func.func public @main({}) -> {results} {{", params.join(", "));
-    let lhs = if outputs.len() == 1 { "%0".to_owned() } else { format!("%0:{}", outputs.len()) };
     let _ = writeln!(
         out,
-        "    {lhs} = stablehlo.custom_call @tpu_custom_call({}) {{backend_config = \"{}\", kernel_name = \"{}\", operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> {results}",
+        "  func.func public @main({}) -> {} {{",
+        params.join(", "),
+        tuple(&out_callers)
+    );
+    let mut args = Vec::with_capacity(views.len());
+    for (i, (caller, view)) in callers.iter().zip(&views).enumerate() {
+        if caller == view {
+            args.push(format!("%arg{i}"));
+        } else {
+            let _ = writeln!(out, "    %in{i} = stablehlo.reshape %arg{i} : ({caller}) -> {view}");
+            args.push(format!("%in{i}"));
+        }
+    }
+    let n = out_views.len();
+    let lhs = if n == 1 { "%0".to_owned() } else { format!("%0:{n}") };
+    let _ = writeln!(
+        out,
+        "    {lhs} = stablehlo.custom_call @tpu_custom_call({}) {{backend_config = \"{}\", kernel_name = \"{}\", operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> {}",
         args.join(", "),
         escape(&backend_config(kernel, form)),
         escape(&kernel.name),
-        layouts(&inputs),
-        layouts(&outputs),
-        join(&inputs)
+        layouts(&views),
+        layouts(&out_views),
+        join(&views),
+        tuple(&out_views)
     );
-    let rets: Vec<String> = if outputs.len() == 1 {
-        vec!["%0".to_owned()]
-    } else {
-        (0..outputs.len()).map(|i| format!("%0#{i}")).collect()
-    };
-    let _ = writeln!(out, "    return {} : {}", rets.join(", "), join(&outputs));
+    let mut rets = Vec::with_capacity(n);
+    for (i, (caller, view)) in out_callers.iter().zip(&out_views).enumerate() {
+        let result = if n == 1 { "%0".to_owned() } else { format!("%0#{i}") };
+        if caller == view {
+            rets.push(result);
+        } else {
+            let _ =
+                writeln!(out, "    %out{i} = stablehlo.reshape {result} : ({view}) -> {caller}");
+            rets.push(format!("%out{i}"));
+        }
+    }
+    let _ = writeln!(out, "    return {} : {}", rets.join(", "), join(&out_callers));
     let _ = writeln!(out, "  }}");
     out.push_str("}\n");
     out

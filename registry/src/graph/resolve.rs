@@ -220,6 +220,13 @@ impl IndexResolver {
             crate::KernelSource::Built if crate::fault::corrupts(kernel.name()) => {
                 imported_wrapper(kernel, sig, self.platform).ok()
             }
+            // A tiled kernel's TPU variant is its custom call, reached through its text.
+            crate::KernelSource::Built
+                if kernel.record.is_tiled()
+                    && self.platform == tpu_kernels::registration::Platform::Tpu =>
+            {
+                imported_wrapper(kernel, sig, self.platform).ok()
+            }
             crate::KernelSource::Built => kernel.record.emit(sig).ok(),
             crate::KernelSource::Imported { .. } => {
                 imported_wrapper(kernel, sig, self.platform).ok()
@@ -231,7 +238,7 @@ impl IndexResolver {
 impl KernelResolver for IndexResolver {
     fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall> {
         let op = crate::normalize_op(call.op());
-        for kernel in self.index.candidates(&op) {
+        for kernel in self.index.candidates_for(&op, self.platform) {
             let Ok((sig, args)) = RegisteredKernels::bind(&kernel.record, call) else { continue };
             let contiguous = vec![true; sig.inputs.len()];
             let meta =
