@@ -79,12 +79,19 @@ pub enum KernelSource {
         fingerprint: String,
         specialiser: Option<Arc<dyn Specialiser>>,
     },
+    /// A kernel of a kernel library loaded at run time ([`crate::library`]): the library emits
+    /// its module text per (signature, platform) and, unless its record's output rule is data,
+    /// gives its output types ([`Kernel::output_types`]).
+    Library(Arc<crate::library::Library>),
 }
 
 impl fmt::Debug for KernelSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             KernelSource::Built => f.write_str("Built"),
+            KernelSource::Library(library) => {
+                f.debug_tuple("Library").field(&library.path()).finish()
+            }
             KernelSource::Imported { variants, fingerprint, specialiser } => f
                 .debug_struct("Imported")
                 .field("platforms", &variants.iter().map(|(p, _)| *p).collect::<Vec<_>>())
@@ -204,6 +211,10 @@ impl Kernel {
         platform: Platform,
     ) -> Result<ModuleText, RegistryError> {
         match &self.source {
+            KernelSource::Library(library) => {
+                let text = library.module_text(self.name(), sig, platform)?;
+                Ok(ModuleText { text: Arc::from(text), module: None })
+            }
             KernelSource::Built if self.record.is_tiled() && platform == Platform::Tpu => {
                 let text = self.record.emit_text(sig, platform).map_err(RegistryError::Build)?;
                 Ok(ModuleText { text: Arc::from(text), module: None })
@@ -240,6 +251,17 @@ impl Kernel {
                 })?;
                 Ok(ModuleText { text: Arc::from(refined), module: None })
             }
+        }
+    }
+
+    /// The output types for `sig` (statics completed), from the record's output rule; a
+    /// library kernel whose rule is not data (a function, or "build it") asks its library.
+    pub fn output_types(&self, sig: &KernelSignature) -> Result<Vec<TensorType>, String> {
+        match (&self.source, self.record.output) {
+            (KernelSource::Library(library), tpu_kernels::registration::OutputRule::Build) => {
+                library.output_types(self.name(), sig).map_err(|e| e.to_string())
+            }
+            _ => self.record.output_types(sig),
         }
     }
 
@@ -578,9 +600,19 @@ fn validate_kernel(k: &Kernel) -> Result<(), RegistryError> {
         return Err(invalid("runs on no platform".to_owned()));
     }
     for sig in k.record.canonical {
-        k.record
+        let parsed = k
+            .record
             .parse_signature(sig)
             .map_err(|e| invalid(format!("canonical signature `{sig}`: {e}")))?;
+        // A tiled kernel is built at each canonical signature: its tiling, coverage and VMEM
+        // checks refuse it here, in Rust, before libtpu ever sees it.
+        if let Some(built) = k.record.tiled_kernel(&parsed) {
+            let kernel = built.map_err(|e| invalid(format!("canonical signature `{sig}`: {e}")))?;
+            for target in [tpu_kernels::mosaic::Target::V5E, tpu_kernels::mosaic::Target::V6E] {
+                tpu_kernels::mosaic::check::vmem(&kernel, target)
+                    .map_err(|e| invalid(format!("canonical signature `{sig}`: {e}")))?;
+            }
+        }
     }
     Ok(())
 }
@@ -700,7 +732,46 @@ impl Registry {
         Ok(kernel)
     }
 
-    /// Removes a runtime-registered kernel. Linked-in kernels cannot be removed.
+    /// The runtime kernels with `kernels` added, checked; the registry is unchanged.
+    fn with_added(
+        &self,
+        runtime: &BTreeMap<&'static str, Arc<Kernel>>,
+        kernels: Vec<Kernel>,
+    ) -> Result<(BTreeMap<&'static str, Arc<Kernel>>, Vec<Arc<Kernel>>, Index), RegistryError> {
+        let mut next = runtime.clone();
+        let mut added = Vec::with_capacity(kernels.len());
+        for mut kernel in kernels {
+            kernel.runtime = true;
+            kernel.ops = kernel.ops.iter().map(|o| normalize_op(o)).collect();
+            let kernel = Arc::new(kernel);
+            if next.insert(kernel.name(), kernel.clone()).is_some() {
+                return Err(RegistryError::DuplicateName { name: kernel.name().to_owned() });
+            }
+            added.push(kernel);
+        }
+        let index = self.rebuild(&next)?;
+        Ok((next, added, index))
+    }
+
+    /// Checks that [`Registry::register_all`] would take `kernels` now (names, records, ops,
+    /// backward pairings, ambiguity) without registering them.
+    pub fn check_registrations(&self, kernels: &[Kernel]) -> Result<(), RegistryError> {
+        let runtime = self.runtime.lock().map_err(|_| RegistryError::Poisoned)?;
+        self.with_added(&runtime, kernels.to_vec()).map(drop)
+    }
+
+    /// Adds several kernels at runtime in one step: all of them, or (on any error) none, the
+    /// registry exactly as it was. Kernels may name each other as backward.
+    pub fn register_all(&self, kernels: Vec<Kernel>) -> Result<Vec<Arc<Kernel>>, RegistryError> {
+        let mut runtime = self.runtime.lock().map_err(|_| RegistryError::Poisoned)?;
+        let (next, added, index) = self.with_added(&runtime, kernels)?;
+        self.index.store(Arc::new(index));
+        *runtime = next;
+        Ok(added)
+    }
+
+    /// Removes a runtime-registered kernel. Linked-in kernels cannot be removed, nor can the
+    /// kernels of a loaded library.
     pub fn unregister(&self, name: &str) -> Result<Arc<Kernel>, RegistryError> {
         let mut runtime = self.runtime.lock().map_err(|_| RegistryError::Poisoned)?;
         let mut next = runtime.clone();
@@ -708,6 +779,12 @@ impl Registry {
             let linked = self.index.load().kernel(name).is_some();
             return Err(RegistryError::NotRemovable { name: name.to_owned(), linked });
         };
+        if let KernelSource::Library(library) = &removed.source {
+            return Err(RegistryError::LoadedFromLibrary {
+                name: name.to_owned(),
+                path: library.path().display().to_string(),
+            });
+        }
         let index = self.rebuild(&next)?;
         self.index.store(Arc::new(index));
         *runtime = next;
