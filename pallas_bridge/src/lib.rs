@@ -33,6 +33,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry_api::select, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::register_imported, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::unregister, m)?)?;
+    m.add_function(wrap_pyfunction!(registry_api::set_force_tiled, m)?)?;
+    m.add_function(wrap_pyfunction!(registry_api::tiled_interpret, m)?)?;
     m.add_function(wrap_pyfunction!(checks::strip_locations, m)?)?;
     m.add_function(wrap_pyfunction!(checks::content_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(checks::module_signature, m)?)?;

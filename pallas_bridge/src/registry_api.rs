@@ -391,6 +391,48 @@ pub fn register_imported<'py>(
     kernel_info(py, &registered)
 }
 
+/// Makes selection try tiled kernels first on every platform (`True`), or on a TPU only
+/// (`False`); returns the previous setting. Every memo of an earlier selection is dropped.
+#[pyfunction]
+pub fn set_force_tiled(py: Python<'_>, force: bool) -> PyResult<bool> {
+    let registry = global(py)?;
+    let previous = registry.force_tiled();
+    registry.set_force_tiled(force).map_err(|e| raise(py, "RegistrationError", e.to_string()))?;
+    Ok(previous)
+}
+
+/// Runs tiled kernel `name` at signature `sig` (`"f32[8,128], f32[128]; eps=1e-6"`) through the
+/// interpreter of its printed Mosaic module (`form`: `"readable"` or `"shipped"`), on row-major
+/// f64 inputs; its outputs, row-major. The interpreter reads only the text libtpu is given, so
+/// this checks the printing, not just the kernel description the twin is made from.
+#[pyfunction]
+#[pyo3(signature = (name, sig, inputs, form = "readable"))]
+pub fn tiled_interpret(
+    py: Python<'_>,
+    name: &str,
+    sig: &str,
+    inputs: Vec<Vec<f64>>,
+    form: &str,
+) -> PyResult<Vec<Vec<f64>>> {
+    let kernel = kernel_named(py, name)?;
+    let bad = |m: String| raise(py, "SignatureMismatchError", m);
+    let parsed = kernel.record.parse_signature(sig).map_err(bad)?;
+    let parsed = kernel.complete_statics(parsed).map_err(bad)?;
+    let form = match form {
+        "readable" => tpu_kernels::mosaic::Form::Readable,
+        "shipped" => tpu_kernels::mosaic::Form::Shipped,
+        other => return Err(bad(format!("form `{other}`: `readable` or `shipped`"))),
+    };
+    let Some(built) = kernel.record.tiled_kernel(&parsed) else {
+        return Err(bad(format!("kernel `{name}` is not a tiled kernel")));
+    };
+    let built = built.map_err(|e| raise(py, "InternalError", e.to_string()))?;
+    let outputs = kernel.record.output_types(&parsed).map_err(bad)?;
+    let text = tpu_kernels::mosaic::custom_call_module_for(&built, form, &parsed.inputs, &outputs);
+    py.detach(|| tpu_kernels::mosaic::interpret(&text, &inputs))
+        .map_err(|e| raise(py, "InternalError", format!("kernel `{name}`: interpreter: {e}")))
+}
+
 /// Removes a kernel registered at runtime (linked-in kernels cannot be removed).
 #[pyfunction]
 pub fn unregister(py: Python<'_>, name: &str) -> PyResult<()> {
@@ -439,6 +481,11 @@ pub fn kernel_info<'py>(py: Python<'py>, k: &Kernel) -> PyResult<Bound<'py, PyDi
     d.set_item("doc", r.doc)?;
     d.set_item("runtime", k.runtime)?;
     match &k.source {
+        KernelSource::Library(_) => {
+            d.set_item("imported", false)?;
+            d.set_item("fingerprint", py.None())?;
+            d.set_item("variant_fingerprints", PyDict::new(py))?;
+        }
         KernelSource::Imported { variants, fingerprint, .. } => {
             d.set_item("imported", true)?;
             d.set_item("fingerprint", fingerprint.as_str())?;
@@ -450,11 +497,16 @@ pub fn kernel_info<'py>(py: Python<'py>, k: &Kernel) -> PyResult<Bound<'py, PyDi
         }
         KernelSource::Built => {
             d.set_item("imported", r.is_imported())?;
+            d.set_item("tiled", r.is_tiled())?;
             d.set_item("fingerprint", py.None())?;
             d.set_item("variant_fingerprints", PyDict::new(py))?;
         }
     }
     d.set_item("generic", crate::runtime::specialiser(py, k.name()).is_some())?;
+    match &k.source {
+        KernelSource::Library(library) => d.set_item("library", library.path())?,
+        _ => d.set_item("library", py.None())?,
+    }
     Ok(d)
 }
 
@@ -487,6 +539,15 @@ pub fn variant_text(py: Python<'_>, name: &str, platform: &str) -> PyResult<Stri
             py,
             "NoKernelError",
             format!("kernel `{name}` is built from Rust, not imported"),
+        )),
+        KernelSource::Library(library) => Err(raise(
+            py,
+            "NoKernelError",
+            format!(
+                "kernel `{name}` comes from kernel library `{}`, not imported: its module is \
+                 emitted per signature (tpu_kernels.emit)",
+                library.path().display()
+            ),
         )),
     }
 }

@@ -36,6 +36,7 @@ from tpu_kernels.torch._references import ACTIVATIONS  # noqa: E402
 from tpu_kernels.testing import (  # noqa: E402
     TOLERANCES,
     assert_close_to_reference,
+    force_tiled,
     reference_errors,
 )
 
@@ -68,6 +69,10 @@ class Case:
     f32_inputs: tuple[int, ...] = ()
     # Positions of outputs in float32 whatever the tested dtype (attention's logsumexp).
     f32_outputs: tuple[int, ...] = ()
+    # A tiled (Mosaic) kernel: selected with tiled kernels forced (on the CPU its twin runs),
+    # and also run through the interpreter of its printed Mosaic text, both against the
+    # reference.
+    tiled: bool = False
 
     @property
     def id(self) -> str:
@@ -302,6 +307,57 @@ def _matmul_cases() -> list[Case]:
                     statics={"activation": act},
                 )
             )
+    return out
+
+
+TILED_MATMUL_SHAPES = [(7, 33, 5), (16, 1024, 384), (256, 512, 256)]  # (M, K, N)
+TILED_NORM_SHAPES = [(3, 7, 33), (8, 128), (2, 3, 1), (2, 512, 512)]
+
+
+def _tiled_cases() -> list[Case]:
+    """The tiled kernels: several grid steps along each axis where the shapes allow (K split
+    in two for 16x1024x384, rows in two blocks for 2x512x512), single full-array blocks for odd
+    sizes."""
+    out = []
+    for m, k, n in TILED_MATMUL_SHAPES:
+        def make(g, m=m, k=k, n=n):
+            return [_randn(g, (m, k)), _randn(g, (k, n), 1 / math.sqrt(k)), _randn(g, (n,))]
+
+        def make_nobias(g, m=m, k=k, n=n):
+            return [_randn(g, (m, k)), _randn(g, (k, n), 1 / math.sqrt(k))]
+
+        for act in ACTIVATIONS:
+            out.append(
+                Case(
+                    "tiled_matmul_bias_act", "tpuk::matmul_bias_act.default", f"{m}x{k}x{n}-{act}", make,
+                    ref=lambda x, w, b, act=act: ACTIVATIONS[act](x @ w + b),
+                    eager=lambda x, w, b, act=act: ACTIVATIONS[act](x @ w + b),
+                    statics={"activation": act}, dtypes=("f32", "bf16"), tiled=True,
+                )
+            )
+            out.append(
+                Case(
+                    "tiled_matmul_act", "tpuk::matmul_act.default", f"{m}x{k}x{n}-{act}", make_nobias,
+                    ref=lambda x, w, act=act: ACTIVATIONS[act](x @ w),
+                    eager=lambda x, w, act=act: ACTIVATIONS[act](x @ w),
+                    statics={"activation": act}, dtypes=("f32", "bf16"), tiled=True,
+                )
+            )
+    eps = 1e-6
+    for shape in TILED_NORM_SHAPES:
+        d = shape[-1]
+
+        def make_rms(g, shape=shape, d=d):
+            return [_randn(g, shape), _randn(g, (d,))]
+
+        out.append(
+            Case(
+                "tiled_rms_norm", "tpuk::rms_norm.default", _shape_id(shape), make_rms,
+                ref=lambda x, w: rms_norm_ref(x, w, eps),
+                eager=lambda x, w, d=d: F.rms_norm(x, [d], w, eps),
+                statics={"eps": eps}, dtypes=("f32", "bf16"), tiled=True,
+            )
+        )
     return out
 
 
@@ -672,6 +728,7 @@ CASES = (
     + _attention_cases()
     + _softmax_backward_cases()
     + _layer_norm_backward_cases()
+    + _tiled_cases()
 )
 PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
 
@@ -697,12 +754,20 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
     eagers = _tuple(case.eager(*[t.clone() for t in inputs]))
     d = tk.Dispatcher(no_fallback=True)
     statics = {k: v(dt) if callable(v) else v for k, v in case.statics.items()}
-    outs = tk.call(case.op, *inputs, dispatcher=d, **statics)
+    if case.tiled:
+        with force_tiled():
+            outs = tk.call(case.op, *inputs, dispatcher=d, **statics)
+    else:
+        outs = tk.call(case.op, *inputs, dispatcher=d, **statics)
     stats = d.stats()
     assert stats["fallbacks"] == 0, stats
     assert stats["ops"][case.op]["kernels"] == {case.kernel: 1}, stats
 
     assert len(outs) == len(refs) == len(eagers)
+    if case.tiled:
+        outs = list(outs) + _interpreted(case, dt, inputs, statics, refs)
+        refs = tuple(refs) + tuple(refs)
+        eagers = tuple(eagers) + tuple(eagers)
     results = []
     for i, (out, ref, eager) in enumerate(zip(outs, refs, eagers)):
         assert out.shape == ref.shape, (i, out.shape, ref.shape)
@@ -718,6 +783,20 @@ def run_case(case: Case, dt: str) -> list[dict[str, Any]]:
             }
         )
     return results
+
+
+def _interpreted(case: Case, dt: str, inputs: list[torch.Tensor], statics: dict[str, Any], refs) -> list:
+    """The tiled kernel's outputs from the interpreter of its printed Mosaic text (the readable
+    form), in the tested dtype: reported after the twin's outputs."""
+    from tpu_kernels import _native
+
+    tensors = ", ".join(f"{dt}[{','.join(map(str, t.shape))}]" for t in inputs)
+    given = ", ".join(f"{k}={v}" for k, v in statics.items())
+    sig = f"{tensors}; {given}" if given else tensors
+    flat = [t.double().flatten().tolist() for t in inputs]
+    outs = _native.tiled_interpret(case.kernel, sig, flat)
+    assert len(outs) == len(refs), (case.kernel, len(outs))
+    return [torch.tensor(o, dtype=torch.float64).reshape(r.shape).to(DTYPES[dt]) for o, r in zip(outs, refs)]
 
 
 @pytest.mark.parametrize(("case", "dt"), PARAMS)

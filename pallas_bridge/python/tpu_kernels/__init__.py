@@ -86,6 +86,16 @@ def select(
     return _native.select(op, inputs, statics, platform, contiguous)
 
 
+def set_force_tiled(force: bool) -> bool:
+    """Makes kernel selection try tiled (Mosaic) kernels first on every platform (``True``), or
+    on a TPU only (``False``, the default unless ``TPUK_FORCE_TILED=1``). On the CPU a tiled
+    kernel runs as its twin, so this runs a tiled kernel end to end without a TPU. Returns the
+    previous setting; :func:`tpu_kernels.testing.force_tiled` scopes it to a block."""
+    from . import _native
+
+    return _native.set_force_tiled(force)
+
+
 def unregister(name: str) -> None:
     """Removes a kernel registered at runtime, and the new op it defined, if any."""
     from . import _native
@@ -137,6 +147,7 @@ __all__ = [
     "save_mlir",
     "select",
     "set_error_policy",
+    "set_force_tiled",
     "stats",
     "unregister",
 ]

@@ -335,6 +335,19 @@ def apply_fault_env() -> list[str]:
 
 
 @contextlib.contextmanager
+def force_tiled(force: bool = True) -> Iterator[None]:
+    """Selects tiled (Mosaic) kernels first on every platform for the block (see
+    :func:`tpu_kernels.set_force_tiled`), then restores the previous setting."""
+    from . import set_force_tiled
+
+    previous = set_force_tiled(force)
+    try:
+        yield
+    finally:
+        set_force_tiled(previous)
+
+
+@contextlib.contextmanager
 def error_policy(policy: str) -> Iterator[None]:
     """Sets the error policy (``"fallback"`` or ``"raise"``, see
     :func:`tpu_kernels.set_error_policy`) for the block."""

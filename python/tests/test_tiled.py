@@ -1,0 +1,94 @@
+"""Tiled (Mosaic) kernels end to end on the CPU: with tiled kernels forced
+(`tpu_kernels.testing.force_tiled`), the tiled matmul-with-epilogue and RMSNorm run as their
+CPU twins under eager strict and fused modes and under ``torch.compile``, and match PyTorch.
+Each block demands that the tiled kernel itself ran (`no_fallbacks(kernels=[...])`); without
+forcing, the CPU takes the StableHLO kernels instead.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+import tpu_kernels as tk  # noqa: E402
+from tpu_kernels.testing import force_tiled, no_fallbacks  # noqa: E402
+from tpu_kernels.torch import custom_ops, substitute  # noqa: E402
+
+TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
+
+
+def _rms(x, w, eps=1e-6):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+def test_selection_takes_the_tiled_variant_only_when_forced():
+    sig = "f32[16,256], f32[256,384], f32[384]"
+    assert tk.select("tpuk::matmul_bias_act", sig, {"activation": "gelu_tanh"}) == "matmul_bias_act"
+    with force_tiled():
+        assert tk.select("tpuk::matmul_bias_act", sig, {"activation": "gelu_tanh"}) == "tiled_matmul_bias_act"
+    assert tk.select("tpuk::matmul_bias_act", sig, {"activation": "gelu_tanh"}, platform="tpu") == (
+        "tiled_matmul_bias_act"
+    )
+    assert tk.kernel("tiled_rms_norm")["tiled"] and not tk.kernel("rms_norm")["tiled"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+def test_eager_strict_runs_the_tiled_kernels(dtype):
+    custom_ops()
+    torch.manual_seed(0)
+    x = torch.randn(2, 64, 256).to(dtype)
+    w = torch.randn(256).to(dtype)
+    a = torch.randn(16, 512).to(dtype)
+    b = (torch.randn(512, 384) / 512**0.5).to(dtype)
+    bias = torch.randn(384).to(dtype)
+    with force_tiled(), no_fallbacks(kernels=["tiled_rms_norm", "tiled_matmul_bias_act"]):
+        with substitute("strict"):
+            y = torch.ops.tpuk.rms_norm(x, w, 1e-6)
+            z = torch.ops.tpuk.matmul_bias_act(a, b, bias, "gelu_tanh")
+    rtol, atol = TOL[dtype]
+    torch.testing.assert_close(y, _rms(x, w), rtol=rtol, atol=atol)
+    ref = F.gelu(a.float() @ b.float() + bias.float(), approximate="tanh").to(dtype)
+    torch.testing.assert_close(z, ref, rtol=rtol, atol=atol)
+
+
+def test_fused_mode_inlines_the_tiled_kernels():
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(256, 384)
+    x = torch.randn(16, 256)
+    w = torch.randn(384)
+
+    def f(t):
+        return F.rms_norm(F.gelu(lin(t)), [384], w, 1e-6)
+
+    with torch.no_grad():
+        expected = f(x)
+        with force_tiled(), no_fallbacks(kernels=["tiled_matmul_bias_act", "tiled_rms_norm"], programs=1):
+            with substitute("fused"):
+                got = f(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_compile_runs_the_tiled_kernels():
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(256, 384)
+    x = torch.randn(16, 256)
+
+    def f(t):
+        return F.silu(lin(t))
+
+    torch._dynamo.reset()
+    with torch.no_grad(), force_tiled(), no_fallbacks(kernels=["tiled_matmul_bias_act"], programs=1):
+        got = torch.compile(f, backend="tpu_kernels")(x)
+    torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
+
+
+def test_interpreter_reads_the_printed_text_and_refuses_what_is_not_tiled():
+    from tpu_kernels import _native
+
+    x = torch.randn(8, 128, dtype=torch.float64)
+    w = torch.randn(128, dtype=torch.float64)
+    (out,) = _native.tiled_interpret("tiled_rms_norm", "f32[8,128], f32[128]", [x.flatten().tolist(), w.tolist()])
+    got = torch.tensor(out).reshape(8, 128)
+    torch.testing.assert_close(got.float(), _rms(x.float(), w.float()), rtol=2e-5, atol=2e-5)
+    with pytest.raises(tk.SignatureMismatchError, match="not a tiled kernel"):
+        _native.tiled_interpret("rms_norm", "f32[8,128], f32[128]", [x.flatten().tolist(), w.tolist()])
