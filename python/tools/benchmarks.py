@@ -626,6 +626,23 @@ def parse_criterion(run: Run) -> None:
 
 
 def parse_emit(run: Run) -> None:
+    tiled = []
+    for line in _after(run.stdout.splitlines(), "tiled kernels: Mosaic emit"):
+        if "build + verify + print" in line:
+            break
+        m = re.match(rf"^(\S+)\s+({NUM})\s+({NUM})\s+({NUM})\s+(\d+)\s+(.*)$", line)
+        if m:
+            tiled.append(list(m.groups()))
+    if tiled:
+        run.tables.append(
+            (
+                "tiled kernels: build + verify + check + print of the shipped Mosaic module, per canonical signature (µs, 500 runs each)",
+                ["kernel", "median µs", "min µs", "max µs", "module bytes", "signature"],
+                tiled,
+            )
+        )
+        worst = max(tiled, key=lambda r: float(r[1]))
+        _target(run, f"tiled Mosaic emit, slowest signature ({worst[0]} {worst[5]})", float(worst[1]), "µs", "<= 1000")
     rows = []
     for line in _after(run.stdout.splitlines(), "build + verify + print"):
         m = re.match(rf"^(\S+)\s+({NUM})\s+({NUM})\s+({NUM})\s+(\d+)\s+(.*)$", line)
@@ -637,6 +654,34 @@ def parse_emit(run: Run) -> None:
                 "build + verify + print at 1024x4096 (µs, 2000 runs each)",
                 ["kernel", "median µs", "min µs", "max µs", "text bytes", "signature"],
                 rows,
+            )
+        )
+
+
+def parse_tiled(run: Run) -> None:
+    lines = run.stdout.splitlines()
+    compile_rows = []
+    for line in _after(lines, "libtpu compile, shipped Mosaic form"):
+        if "twin vs StableHLO" in line:
+            break
+        m = re.match(rf"^(\S+)\s+({NUM})\s+({NUM})\s+(\S+)$", line)
+        if m:
+            compile_rows.append(list(m.groups()))
+    if compile_rows:
+        run.tables.append(
+            ("libtpu compile time per tiled kernel, shipped form (ms, median of 3)", ["kernel", "v5e ms", "v6e ms", "signature"], compile_rows)
+        )
+    twin_rows = []
+    for line in _after(lines, "tiled twin vs StableHLO kernel on the CPU"):
+        m = re.match(rf"^(\S+)\s+(\S+)\s+({NUM})\s+({NUM})\s+({NUM})\s+(\S+)$", line)
+        if m:
+            twin_rows.append(list(m.groups()))
+    if twin_rows:
+        run.tables.append(
+            (
+                "tiled twin vs the StableHLO kernel of the same op on the CPU (µs, median of 30 interleaved runs; ratio > 1: the twin is slower)",
+                ["tiled kernel", "StableHLO kernel", "twin µs", "StableHLO µs", "ratio", "signature"],
+                twin_rows,
             )
         )
 
@@ -749,7 +794,7 @@ def parse_import_timing(run: Run) -> None:
         run.tables.append(("flash attention import, step by step (ms)", header, rows))
 
 
-BENCHES = ("emit", "pjrt", "registry", "cache", "torch", "import")
+BENCHES = ("emit", "pjrt", "registry", "cache", "tiled", "torch", "import")
 
 
 def existing_benches(python: str, timeout: float, quick_torch: bool, only: set[str] | None = None) -> list[Run]:
@@ -766,6 +811,10 @@ def existing_benches(python: str, timeout: float, quick_torch: bool, only: set[s
         (
             Run("registry: selection among 1,000 kernels, dispatch overhead", [*cb, "-p", "tpu-kernels-registry", "--bench", "registry", "--", *CRITERION_ARGS], "registry"),
             [parse_registry, parse_criterion],
+        ),
+        (
+            Run("tiled: libtpu compile time, twin vs StableHLO on the CPU", [*cb, "-p", "tpu-kernels-registry", "--bench", "tiled", "--", *CRITERION_ARGS], "tiled"),
+            [parse_tiled, parse_criterion],
         ),
         (
             Run("cache: warm start vs cold compile", [*cb, "-p", "tpu-kernels-registry", "--bench", "cache", "--", *CRITERION_ARGS], "cache"),
