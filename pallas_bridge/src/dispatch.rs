@@ -102,7 +102,9 @@ impl PyDispatcher {
             KernelSource::Imported { fingerprint, .. } => {
                 format!("{fingerprint}#{}", fault::generation())
             }
-            KernelSource::Built => format!("#{}", fault::generation()),
+            KernelSource::Built | KernelSource::Library(_) => {
+                format!("#{}", fault::generation())
+            }
         };
         let key: SpecialKey = (
             name.clone(),

@@ -652,7 +652,6 @@ fn output_types(
     let sig = KernelSignature { inputs: types, statics: statics_of(statics)? };
     let sig = kernel.complete_statics(sig).map_err(PyValueError::new_err)?;
     let outs = kernel
-        .record
         .output_types(&sig)
         .map_err(|e| PyValueError::new_err(format!("kernel `{name}`: {e}")))?;
     Ok(outs

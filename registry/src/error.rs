@@ -16,6 +16,12 @@ pub enum RegistryError {
     Ambiguous { op: String, first: String, second: String, priority: i32 },
     #[error("kernel `{name}` is {}", if *linked { "linked into the binary and cannot be removed" } else { "not registered" })]
     NotRemovable { name: String, linked: bool },
+    #[error(
+        "kernel `{name}` was loaded from kernel library `{path}` and cannot be removed (a loaded library stays loaded)"
+    )]
+    LoadedFromLibrary { name: String, path: String },
+    #[error("kernel library `{path}`: {message}")]
+    Library { path: String, message: String },
     #[error("kernel `{kernel}` has no {platform} variant")]
     NoVariant { kernel: String, platform: &'static str },
     #[error("kernel `{kernel}` cannot be specialised to the call: {message}")]

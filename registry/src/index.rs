@@ -158,10 +158,31 @@ impl Kernel {
         let all_given =
             self.record.statics.iter().all(|p| call.sig.statics.iter().any(|(n, _)| *n == p.name));
         if all_given {
-            self.record.accepts(call.sig)
+            self.record.accepts(call.sig)?;
+            self.library_accepts(call.sig)
         } else {
-            self.record.accepts(&self.complete_statics(call.sig.clone())?)
+            let sig = self.complete_statics(call.sig.clone())?;
+            self.record.accepts(&sig)?;
+            self.library_accepts(&sig)
         }
+    }
+
+    /// A tiled library kernel's plan (whether its tiles fit the call), asked of its library;
+    /// `Ok` for every other kernel, whose record holds all it checks.
+    fn library_accepts(&self, sig: &KernelSignature) -> Result<(), String> {
+        match &self.source {
+            KernelSource::Library(library) if library.is_tiled(self.name()) => {
+                library.accepts(self.name(), sig).map_err(|e| e.to_string())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the kernel is a tiled (Mosaic) kernel: its record says so, or, for a kernel of a
+    /// loaded library, its library does (the host's copy of the record is not tiled).
+    pub fn is_tiled(&self) -> bool {
+        self.record.is_tiled()
+            || matches!(&self.source, KernelSource::Library(l) if l.is_tiled(self.name()))
     }
 
     /// Fills static parameters a call left out from this kernel's defaults, in the kernel's
@@ -737,7 +758,7 @@ impl Registry {
         &self,
         runtime: &BTreeMap<&'static str, Arc<Kernel>>,
         kernels: Vec<Kernel>,
-    ) -> Result<(BTreeMap<&'static str, Arc<Kernel>>, Vec<Arc<Kernel>>, Index), RegistryError> {
+    ) -> Result<Added, RegistryError> {
         let mut next = runtime.clone();
         let mut added = Vec::with_capacity(kernels.len());
         for mut kernel in kernels {
@@ -750,7 +771,7 @@ impl Registry {
             added.push(kernel);
         }
         let index = self.rebuild(&next)?;
-        Ok((next, added, index))
+        Ok(Added { runtime: next, kernels: added, index })
     }
 
     /// Checks that [`Registry::register_all`] would take `kernels` now (names, records, ops,
@@ -764,10 +785,10 @@ impl Registry {
     /// registry exactly as it was. Kernels may name each other as backward.
     pub fn register_all(&self, kernels: Vec<Kernel>) -> Result<Vec<Arc<Kernel>>, RegistryError> {
         let mut runtime = self.runtime.lock().map_err(|_| RegistryError::Poisoned)?;
-        let (next, added, index) = self.with_added(&runtime, kernels)?;
-        self.index.store(Arc::new(index));
-        *runtime = next;
-        Ok(added)
+        let added = self.with_added(&runtime, kernels)?;
+        self.index.store(Arc::new(added.index));
+        *runtime = added.runtime;
+        Ok(added.kernels)
     }
 
     /// Removes a runtime-registered kernel. Linked-in kernels cannot be removed, nor can the
@@ -790,6 +811,13 @@ impl Registry {
         *runtime = next;
         Ok(removed)
     }
+}
+
+/// What adding kernels would make: the runtime kernels, the added ones, the new index.
+struct Added {
+    runtime: BTreeMap<&'static str, Arc<Kernel>>,
+    kernels: Vec<Arc<Kernel>>,
+    index: Index,
 }
 
 /// Metadata of one input, for callers that have strides rather than a contiguity flag.

@@ -2,6 +2,7 @@
 //!
 //! [`pjrt`] is the project's own thin, safe layer over the PJRT C API: it loads the XLA CPU
 //! plugin (the embedded default) or libtpu, compiles StableHLO, moves buffers and executes.
+//! [`library`] loads kernel libraries (a crate of kernels built as a `cdylib`) at run time.
 
 pub mod cache;
 pub mod check;
@@ -9,6 +10,7 @@ pub mod dispatch;
 mod error;
 pub mod fault;
 pub mod index;
+pub mod library;
 pub mod numerics;
 pub mod pjrt;
 

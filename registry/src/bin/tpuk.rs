@@ -205,6 +205,7 @@ fn list(as_json: bool) -> Result<bool> {
             .collect();
         let variants: Vec<&str> = match &k.source {
             KernelSource::Built => vec!["built"],
+            KernelSource::Library(_) => r.platforms.iter().map(|p| p.name()).collect(),
             KernelSource::Imported { variants, .. } => {
                 variants.iter().map(|(p, _)| p.name()).collect()
             }

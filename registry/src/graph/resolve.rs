@@ -193,9 +193,10 @@ impl KernelResolver for RegisteredKernels {
 
 /// Resolves nodes with the registry's own selection: candidates in priority order, each bound to
 /// the node by its schema bindings and checked with every guard for `platform`. Rust-built
-/// kernels inline their module; imported ones inline their StableHLO text for `platform` (a TPU
-/// payload never reaches a CPU lowering). A candidate that fails to bind, to pass its guards or
-/// to build leaves the node to the next candidate, then to the default table.
+/// kernels inline their module; imported ones, and those of loaded kernel libraries, inline
+/// their StableHLO text for `platform` (a TPU payload never reaches a CPU lowering). A
+/// candidate that fails to bind, to pass its guards or to build leaves the node to the next
+/// candidate, then to the default table.
 #[derive(Clone, Debug)]
 pub struct IndexResolver {
     index: std::sync::Arc<crate::Index>,
@@ -228,7 +229,7 @@ impl IndexResolver {
                 imported_wrapper(kernel, sig, self.platform).ok()
             }
             crate::KernelSource::Built => kernel.record.emit(sig).ok(),
-            crate::KernelSource::Imported { .. } => {
+            crate::KernelSource::Imported { .. } | crate::KernelSource::Library(_) => {
                 imported_wrapper(kernel, sig, self.platform).ok()
             }
         }
