@@ -14,6 +14,7 @@ mod checks;
 mod dispatch;
 mod errors;
 mod intern;
+mod library_api;
 mod registry_api;
 mod runtime;
 mod strict_mode;
@@ -33,6 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry_api::select, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::register_imported, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::unregister, m)?)?;
+    m.add_function(wrap_pyfunction!(library_api::load_library, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::set_force_tiled, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::tiled_interpret, m)?)?;
     m.add_function(wrap_pyfunction!(checks::strip_locations, m)?)?;

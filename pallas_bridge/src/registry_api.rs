@@ -504,7 +504,9 @@ pub fn kernel_info<'py>(py: Python<'py>, k: &Kernel) -> PyResult<Bound<'py, PyDi
     }
     d.set_item("generic", crate::runtime::specialiser(py, k.name()).is_some())?;
     match &k.source {
-        KernelSource::Library(library) => d.set_item("library", library.path())?,
+        KernelSource::Library(library) => {
+            d.set_item("library", library.path().display().to_string())?;
+        }
         _ => d.set_item("library", py.None())?,
     }
     Ok(d)

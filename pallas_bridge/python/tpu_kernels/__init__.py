@@ -3,6 +3,8 @@ dispatched from PyTorch through PJRT.
 
 - Registry: :func:`kernels`, :func:`kernel`, :func:`select`, :func:`unregister` (one registry per
   process, shared with kernels linked in from Rust).
+- Kernel libraries: :func:`load_library` (a crate of Rust kernels built as a cdylib, checked
+  and registered at run time, its new ops defined in torch, like ``torch.ops.load_library``).
 - Import: :func:`jax_kernel` / :func:`register_jax` (export, validate, register),
   :func:`load_mlir` / :func:`save_mlir` (.mlir files the Rust ``import(...)`` form accepts),
   :func:`pallas_interpret`, :func:`decode_mosaic`.
@@ -32,6 +34,7 @@ from .errors import (
     FallbackError,
     InternalError,
     JaxNotInstalledError,
+    LibraryError,
     LoweringDeclined,
     ModuleParseError,
     NoKernelError,
@@ -55,6 +58,7 @@ from .jax_import import (
     register_jax,
     save_mlir,
 )
+from .library import LoadedLibrary, load_library
 from .torch import report, substitute  # PyTorch integration; imports torch lazily
 
 
@@ -116,6 +120,8 @@ __all__ = [
     "ImportedKernel",
     "InternalError",
     "JaxNotInstalledError",
+    "LibraryError",
+    "LoadedLibrary",
     "LoweringDeclined",
     "ModuleParseError",
     "NoKernelError",
@@ -140,6 +146,7 @@ __all__ = [
     "jax_kernel",
     "kernel",
     "kernels",
+    "load_library",
     "load_mlir",
     "pallas_interpret",
     "register_jax",

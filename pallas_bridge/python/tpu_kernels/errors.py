@@ -16,6 +16,13 @@ class RegistrationError(TpuKernelsError, ValueError):
     """The registry refused a kernel (duplicate name, ambiguity, invalid record) or a removal."""
 
 
+class LibraryError(RegistrationError):
+    """A kernel library (a crate of Rust kernels built as a cdylib) could not be loaded: the file
+    is not a library or lacks the entry symbol, its ABI or tpu-kernels version is not this
+    package's, a record is bad, a kernel fails a check at a canonical signature, or a name
+    clashes with a registered kernel. Nothing was registered."""
+
+
 class ModuleParseError(TpuKernelsError, ValueError):
     """A module did not parse (jaxlib's MLIR parser or the Rust reader)."""
 

@@ -186,18 +186,27 @@ def _register_autograd(qualname, backward, tensor_names, static_names, order, li
         torch.library.register_autograd(qualname, grad_fn, setup_context=setup_context, lib=lib)
 
 
-def custom_ops() -> dict[str, object]:
+def custom_ops(kernels=None) -> dict[str, object]:
     """Registers (once per op) and returns `{op name: OpOverload}` for every kernel that defines
-    a new op (a namespace other than `aten`); ops torch already has are listed as they are."""
+    a new op (a namespace other than `aten`); ops torch already has are listed as they are.
+    With `kernels` (names), only those kernels' ops."""
     from ._bindings import resolve_overload
 
+    wanted = None if kernels is None else set(kernels)
     with _lock:
+        mine: dict[str, object] = {}
         for info in native().kernels():
+            if wanted is not None and info["name"] not in wanted:
+                continue
             for op in info["ops"]:
+                if not op.startswith("aten::"):
+                    mine[op] = None
                 if op.startswith("aten::") or op in _ops:
                     continue
                 existing = resolve_overload(op)
                 # An op torch already has (an imported kernel's `register_jax` defines its own):
                 # listed, not redefined.
                 _ops[op] = existing if existing is not None else _define(info, op)
+        if wanted is not None:
+            return {op: _ops[op] for op in mine}
         return dict(_ops)
