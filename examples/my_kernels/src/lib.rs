@@ -15,6 +15,8 @@
 //! crate's kernels, not the standard ones it links in:
 //!
 //! ```
+//! use my_kernels as _; // linked in, as a Rust binary using the crate would say
+//!
 //! let own: Vec<&str> = tpu_kernels::library::own_kernels("my_kernels")
 //!     .unwrap()
 //!     .iter()
