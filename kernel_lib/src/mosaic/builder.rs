@@ -358,7 +358,91 @@ impl TiledBuilder {
     #[track_caller]
     pub fn load(&mut self, memref: MValue) -> Result<MValue, BuildError> {
         let indices = self.zero_indices(memref, "vector.load")?;
-        self.one(Op::Load { memref: memref.0, indices })
+        let shape = self.ty(memref).shape().to_vec();
+        self.one(Op::Load { memref: memref.0, indices, shape })
+    }
+
+    /// The indices of a sub-slice: each start (an `i32` scalar) as an `index`.
+    #[track_caller]
+    fn slice_indices(
+        &mut self,
+        memref: MValue,
+        starts: &[MValue],
+        what: &'static str,
+    ) -> Result<Vec<ValueId>, BuildError> {
+        let ty = self.ty(memref).clone();
+        if !ty.is_memref() || starts.len() != ty.shape().len() {
+            return Err(self.error(
+                what,
+                ErrorKind::Shape,
+                format!(
+                    "{} starts for {ty}: one per dim of a block or scratch buffer",
+                    starts.len()
+                ),
+            ));
+        }
+        starts.iter().map(|s| self.one(Op::IndexCast(s.0)).map(|v| v.0)).collect()
+    }
+
+    /// The `shape` window of a block (or scratch buffer) starting at `starts` (one `i32`
+    /// scalar per dim): `ref[pl.ds(start, size), ...]`.
+    #[track_caller]
+    pub fn load_at(
+        &mut self,
+        memref: MValue,
+        starts: &[MValue],
+        shape: &[u64],
+    ) -> Result<MValue, BuildError> {
+        let indices = self.slice_indices(memref, starts, "vector.load")?;
+        self.one(Op::Load { memref: memref.0, indices, shape: shape.to_vec() })
+    }
+
+    /// Writes `value` into a block (or scratch buffer) at `starts` (one `i32` scalar per dim).
+    #[track_caller]
+    pub fn store_at(
+        &mut self,
+        memref: MValue,
+        starts: &[MValue],
+        value: MValue,
+    ) -> Result<(), BuildError> {
+        let indices = self.slice_indices(memref, starts, "tpu.vector_store")?;
+        self.push(Op::Store { memref: memref.0, indices, value: value.0 })?;
+        Ok(())
+    }
+
+    /// An `i32` vector of `shape` counting along `dim` (`jax.lax.broadcasted_iota`).
+    #[track_caller]
+    pub fn iota(&mut self, shape: &[u64], dim: usize) -> Result<MValue, BuildError> {
+        self.one(Op::Iota { dim, shape: shape.to_vec() })
+    }
+
+    /// `x` (an `i32` scalar) promised to be a multiple of `by` (`pl.multiple_of`).
+    #[track_caller]
+    pub fn assume_multiple(&mut self, x: MValue, by: u64) -> Result<MValue, BuildError> {
+        self.one(Op::AssumeMultiple { x: x.0, by })
+    }
+
+    /// Opens a counted loop over `lo..hi` by `step` (`i32` scalars): the ops added until
+    /// [`Self::end_for`] form its body; returns the induction variable.
+    #[track_caller]
+    pub fn begin_for(
+        &mut self,
+        lo: MValue,
+        hi: MValue,
+        step: MValue,
+    ) -> Result<MValue, BuildError> {
+        let body = RegionId(self.kernel.regions.len() as u32);
+        self.kernel.regions.push(Region::default());
+        self.kernel.values.push(MType::Scalar(DType::I32));
+        let iv = ValueId((self.kernel.values.len() - 1) as u32);
+        self.push(Op::For { lo: lo.0, hi: hi.0, step: step.0, iv, body })?;
+        self.stack.push(body);
+        Ok(MValue(iv))
+    }
+
+    /// Closes the innermost loop [`Self::begin_for`] opened.
+    pub fn end_for(&mut self) {
+        self.end_when();
     }
 
     /// Writes `value` to the whole block (or scratch buffer).

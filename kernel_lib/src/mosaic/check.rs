@@ -35,12 +35,14 @@ impl InferCx for Scope<'_> {
 
 fn operands(op: &Op) -> Vec<ValueId> {
     match op {
-        Op::Constant { .. } => vec![],
+        Op::Constant { .. } | Op::Iota { .. } => vec![],
+        Op::AssumeMultiple { x, .. } => vec![*x],
+        Op::For { lo, hi, step, .. } => vec![*lo, *hi, *step],
         Op::Binary(_, a, b) | Op::Compare(_, a, b) => vec![*a, *b],
         Op::Unary(_, x) | Op::IndexCast(x) => vec![*x],
         Op::Select(c, a, b) => vec![*c, *a, *b],
         Op::Convert { x, .. } | Op::Broadcast { x, .. } | Op::ShapeCast { x, .. } => vec![*x],
-        Op::Load { memref, indices } => {
+        Op::Load { memref, indices, .. } => {
             std::iter::once(*memref).chain(indices.iter().copied()).collect()
         }
         Op::Store { memref, indices, value } => {
@@ -83,6 +85,12 @@ impl Scope<'_> {
             }
             if let Op::If { then, .. } = &instr.op {
                 self.region(*then)?;
+            }
+            if let Op::For { iv, body, .. } = &instr.op {
+                // The induction variable is defined inside the body only.
+                self.defined[iv.0 as usize] = true;
+                self.region(*body)?;
+                self.defined[iv.0 as usize] = false;
             }
             for v in &instr.results {
                 self.defined[v.0 as usize] = true;

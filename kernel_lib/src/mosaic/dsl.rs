@@ -191,6 +191,29 @@ impl Tiled {
         self.full(dtype, shape, 0.0)
     }
 
+    /// An `i32` vector of `shape` counting along `dim`: `jax.lax.broadcasted_iota`.
+    #[track_caller]
+    pub fn iota(&self, shape: &[u64], dim: usize) -> Vector<'_> {
+        self.vector(|b| b.iota(shape, dim))
+    }
+
+    /// An `i32` scalar constant.
+    #[track_caller]
+    pub fn index(&self, value: i64) -> Vector<'_> {
+        self.vector(|b| b.constant(Scalar::Int(value), MType::Scalar(DType::I32)))
+    }
+
+    /// Runs `body` for `i` in `lo..hi` (an `scf.for`; `i` is an `i32` scalar): a loop whose
+    /// body reads and writes blocks and scratch, `jax.lax.fori_loop` without a carry.
+    #[track_caller]
+    pub fn fori(&self, lo: i64, hi: i64, body: impl FnOnce(Vector<'_>)) {
+        let (l, h, s) = (self.index(lo), self.index(hi), self.index(1));
+        let (Some(l), Some(h), Some(s)) = (l.v, h.v, s.v) else { return };
+        let Some(iv) = self.with(|b| b.begin_for(l, h, s)) else { return };
+        body(Vector { t: self, v: Some(iv) });
+        self.b.borrow_mut().end_for();
+    }
+
     /// Runs the ops `body` adds only when `cond` (an `i1` scalar) holds: `@pl.when(cond)`.
     #[track_caller]
     pub fn when(&self, cond: Vector<'_>, body: impl FnOnce()) {
@@ -248,6 +271,94 @@ impl<'k> Block<'k> {
             self.t.with(|b| b.store(self.v, v));
         }
     }
+
+    /// The starts and sizes of a sub-slice, one [`Slice`] per dim.
+    #[track_caller]
+    fn window(&self, slices: &[Slice<'k>]) -> Option<(Vec<MValue>, Vec<u64>)> {
+        let full = self.shape();
+        if slices.len() != full.len() {
+            let e = BuildError {
+                kernel: self.t.name(),
+                op: "vector.load",
+                kind: ErrorKind::Shape,
+                message: format!(
+                    "{} slices for a block of rank {} ({:?})",
+                    slices.len(),
+                    full.len(),
+                    full
+                ),
+            };
+            self.t.record(e, Location::caller());
+            return None;
+        }
+        let mut starts = Vec::with_capacity(slices.len());
+        let mut sizes = Vec::with_capacity(slices.len());
+        for (s, d) in slices.iter().zip(&full) {
+            let (start, size) = match s {
+                Slice::All => (self.t.index(0).v?, *d),
+                Slice::At { start: Start::Const(c), size } => (self.t.index(*c).v?, *size),
+                Slice::At { start: Start::Dyn(v), size } => (v.v?, *size),
+            };
+            starts.push(start);
+            sizes.push(size);
+        }
+        Some((starts, sizes))
+    }
+
+    /// A sub-slice of the block as a vector: `ref[pl.ds(start, size), :]` is
+    /// `r.load_at(&[ds(start, size), all()])`.
+    #[track_caller]
+    pub fn load_at(self, slices: &[Slice<'k>]) -> Vector<'k> {
+        let Some((starts, sizes)) = self.window(slices) else {
+            return Vector { t: self.t, v: None };
+        };
+        self.t.vector(|b| b.load_at(self.v, &starts, &sizes))
+    }
+
+    /// Writes `value` into a sub-slice of the block (its sizes are `value`'s shape; an
+    /// [`all()`] dim is the whole block dim).
+    #[track_caller]
+    pub fn store_at(self, slices: &[Slice<'k>], value: Vector<'k>) {
+        let (Some((starts, _)), Some(v)) = (self.window(slices), value.v) else { return };
+        self.t.with(|b| b.store_at(self.v, &starts, v));
+    }
+}
+
+/// Where a sub-slice starts along one dim: a number or an `i32` scalar of the body.
+#[derive(Clone, Copy, Debug)]
+pub enum Start<'k> {
+    Const(i64),
+    Dyn(Vector<'k>),
+}
+
+impl From<i64> for Start<'_> {
+    fn from(v: i64) -> Self {
+        Start::Const(v)
+    }
+}
+
+impl<'k> From<Vector<'k>> for Start<'k> {
+    fn from(v: Vector<'k>) -> Self {
+        Start::Dyn(v)
+    }
+}
+
+/// One dim of a sub-slice: the whole dim, or `size` elements from a start.
+#[derive(Clone, Copy, Debug)]
+pub enum Slice<'k> {
+    All,
+    At { start: Start<'k>, size: u64 },
+}
+
+/// `size` elements from `start`: `pl.ds(start, size)`. A dynamic start into a block's last
+/// two dims keeps the tiling only at a multiple of it: say so with [`Vector::multiple_of`].
+pub fn ds<'k>(start: impl Into<Start<'k>>, size: u64) -> Slice<'k> {
+    Slice::At { start: start.into(), size }
+}
+
+/// The whole dim: `:` in `ref[pl.ds(i, 8), :]`.
+pub fn all<'k>() -> Slice<'k> {
+    Slice::All
 }
 
 /// What a binary operator takes on its right: a vector, or a number made a constant of the
@@ -494,6 +605,13 @@ impl<'k> Vector<'k> {
         let cols = if transpose_rhs { r.first() } else { r.get(1) }.copied().unwrap_or(1);
         let acc = self.t.zeros(DType::F32, &[rows, cols]);
         self.t.matmul(self, rhs, acc, transpose_rhs)
+    }
+
+    /// The same `i32` scalar, promised to be a multiple of `by`: `pl.multiple_of(x, by)`.
+    #[track_caller]
+    pub fn multiple_of(self, by: u64) -> Vector<'k> {
+        let Some(x) = self.v else { return self };
+        self.same(self.t.with(|k| k.assume_multiple(x, by)))
     }
 
     /// `cond ? a : b`, elementwise when `self` (the condition) is a vector.

@@ -169,10 +169,22 @@ pub enum Op {
     Compare(Compare, ValueId, ValueId),
     /// `cond ? a : b`, elementwise for a vector condition.
     Select(ValueId, ValueId, ValueId),
-    /// A float cast to another float type (`arith.extf` / `arith.truncf`).
+    /// A float cast to another float type (`arith.extf` / `arith.truncf`), or a signed
+    /// integer to a float (`arith.sitofp`).
     Convert {
         x: ValueId,
         to: DType,
+    },
+    /// An `i32` vector whose elements count along dim `dim` (`tpu.iota`).
+    Iota {
+        dim: usize,
+        shape: Vec<u64>,
+    },
+    /// The same `i32` scalar, promised to be a multiple of `by` (`tpu.assume_multiple`): the
+    /// hint that lets a dynamic offset into a block keep its tiling.
+    AssumeMultiple {
+        x: ValueId,
+        by: u64,
     },
     /// An `i32` scalar as an `index`.
     IndexCast(ValueId),
@@ -187,12 +199,14 @@ pub enum Op {
         x: ValueId,
         shape: Vec<u64>,
     },
-    /// The whole block of a memref, at indices of type `index` (one per dim).
+    /// A `shape` window of a memref (the whole block, or a sub-slice) at indices of type
+    /// `index` (one per dim, its first element).
     Load {
         memref: ValueId,
         indices: Vec<ValueId>,
+        shape: Vec<u64>,
     },
-    /// Writes a vector to the whole block of a memref.
+    /// Writes a vector into a memref at indices (its shape: the whole block or a sub-slice).
     Store {
         memref: ValueId,
         indices: Vec<ValueId>,
@@ -216,6 +230,16 @@ pub enum Op {
     If {
         cond: ValueId,
         then: RegionId,
+    },
+    /// Runs `body` for `iv` in `lo, lo + step, ..` below `hi` (`i32` scalars; `scf.for`
+    /// without loop-carried values: the body communicates through memrefs). `iv` is defined
+    /// inside `body` only.
+    For {
+        lo: ValueId,
+        hi: ValueId,
+        step: ValueId,
+        iv: ValueId,
+        body: RegionId,
     },
 }
 
@@ -393,10 +417,30 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
         Op::Convert { x, to } => {
             let t = cx.ty(*x);
             let from = vector_or_scalar(t)?;
-            if !from.is_float() || !to.is_float() {
-                return Err(op_err!(DType, "float to float only, not {t} to {to}"));
+            let int = matches!(from, DType::I8 | DType::I16 | DType::I32);
+            if !to.is_float() || !(from.is_float() || int) {
+                return Err(op_err!(
+                    DType,
+                    "float or signed integer to float only, not {t} to {to}"
+                ));
             }
             vec![t.with_dtype(*to)]
+        }
+        Op::Iota { dim, shape } => {
+            if shape.is_empty() || *dim >= shape.len() {
+                return Err(op_err!(Axis, "dim {dim} of an iota of shape {shape:?}"));
+            }
+            vec![MType::vector(DType::I32, shape)]
+        }
+        Op::AssumeMultiple { x, by } => {
+            let t = cx.ty(*x);
+            if *t != MType::Scalar(DType::I32) || *by == 0 {
+                return Err(op_err!(
+                    DType,
+                    "takes an i32 scalar and a positive multiple, not {t} and {by}"
+                ));
+            }
+            vec![t.clone()]
         }
         Op::IndexCast(x) => {
             let t = cx.ty(*x);
@@ -433,19 +477,23 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
             }
             vec![MType::vector(*dtype, shape)]
         }
-        Op::Load { memref, indices } => {
+        Op::Load { memref, indices, shape } => {
             let t = cx.ty(*memref);
             memref_indices(t, indices, cx)?;
-            vec![MType::vector(t.dtype().unwrap_or(DType::F32), t.shape())]
+            window_within(t, shape)?;
+            vec![MType::vector(t.dtype().unwrap_or(DType::F32), shape)]
         }
         Op::Store { memref, indices, value } => {
             let t = cx.ty(*memref);
             memref_indices(t, indices, cx)?;
             let v = cx.ty(*value);
-            let want = MType::vector(t.dtype().unwrap_or(DType::F32), t.shape());
-            if *v != want {
-                return Err(op_err!(DType, "stores {v} into {t}, which takes {want}"));
+            let MType::Vector { shape, dtype } = v else {
+                return Err(op_err!(DType, "stores {v}, not a vector, into {t}"));
+            };
+            if Some(*dtype) != t.dtype() {
+                return Err(op_err!(DType, "stores {v} into {t}: another element type"));
             }
+            window_within(t, shape)?;
             vec![]
         }
         Op::MultiReduce { x, acc, dims, .. } => {
@@ -510,7 +558,30 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
             }
             vec![]
         }
+        Op::For { lo, hi, step, iv, .. } => {
+            for (what, v) in [
+                ("lower bound", lo),
+                ("upper bound", hi),
+                ("step", step),
+                ("induction variable", iv),
+            ] {
+                let t = cx.ty(*v);
+                if *t != MType::Scalar(DType::I32) {
+                    return Err(op_err!(DType, "the {what} is {t}, not i32"));
+                }
+            }
+            vec![]
+        }
     })
+}
+
+/// A load's or store's window fits its memref: the same rank, each dim at most the memref's.
+fn window_within(memref: &MType, shape: &[u64]) -> Result<(), OpError> {
+    let dims = memref.shape();
+    if shape.len() != dims.len() || shape.iter().zip(dims).any(|(s, d)| *s == 0 || s > d) {
+        return Err(op_err!(Shape, "a window of {shape:?} does not fit {memref}"));
+    }
+    Ok(())
 }
 
 /// The name an op is reported under.
@@ -529,8 +600,17 @@ pub fn op_name(op: &Op, cx: &dyn InferCx) -> &'static str {
         Op::Select(..) => "arith.select",
         Op::Convert { x, to } => {
             let from = cx.ty(*x).dtype().unwrap_or(DType::F32);
-            if to.bits() >= from.bits() { "arith.extf" } else { "arith.truncf" }
+            if !from.is_float() {
+                "arith.sitofp"
+            } else if to.bits() >= from.bits() {
+                "arith.extf"
+            } else {
+                "arith.truncf"
+            }
         }
+        Op::Iota { .. } => "tpu.iota",
+        Op::AssumeMultiple { .. } => "tpu.assume_multiple",
+        Op::For { .. } => "scf.for",
         Op::IndexCast(_) => "arith.index_cast",
         Op::Broadcast { .. } => "vector.broadcast",
         Op::ShapeCast { .. } => "vector.shape_cast",

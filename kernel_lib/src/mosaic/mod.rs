@@ -34,7 +34,7 @@ pub mod wrap;
 
 pub use builder::{MValue, TiledBuilder};
 pub use check::Target;
-pub use dsl::{Block, Tiled, Vector};
+pub use dsl::{Block, Slice, Start, Tiled, Vector, all, ds};
 pub use interp::interpret;
 pub use ir::{BinaryOp, Compare, IndexExpr, Kernel, Reduce, Scalar, Semantics, UnaryOp, Window};
 pub use printer::print_kernel;

@@ -117,7 +117,7 @@ impl Printer<'_> {
                     ty(x),
                     k.ty(instr.results[0])
                 ),
-                Op::Load { memref, indices } => format!(
+                Op::Load { memref, indices, .. } => format!(
                     "vector.load {}[{}] : {}, {}",
                     self.name(*memref),
                     self.names(indices),
@@ -168,10 +168,31 @@ impl Printer<'_> {
                         k.ty(instr.results[0])
                     )
                 }
+                Op::Iota { dim, .. } => format!(
+                    "tpu.iota {{dimensions = array<i32: {dim}>}} : {}",
+                    k.ty(instr.results[0])
+                ),
+                Op::AssumeMultiple { x, by } => {
+                    format!("tpu.assume_multiple {}, {by} : i32", self.name(*x))
+                }
                 Op::If { cond, then } => {
                     let cond = self.name(*cond).to_owned();
                     let _ = writeln!(self.out, "{pad}scf.if {cond} {{");
                     self.region(*then, depth + 1);
+                    let _ = writeln!(self.out, "{pad}}}{loc}");
+                    continue;
+                }
+                Op::For { lo, hi, step, iv, body } => {
+                    self.names.fresh(*iv);
+                    let header = format!(
+                        "{pad}scf.for {} = {} to {} step {} : i32 {{",
+                        self.name(*iv),
+                        self.name(*lo),
+                        self.name(*hi),
+                        self.name(*step)
+                    );
+                    let _ = writeln!(self.out, "{header}");
+                    self.region(*body, depth + 1);
                     let _ = writeln!(self.out, "{pad}}}{loc}");
                     continue;
                 }

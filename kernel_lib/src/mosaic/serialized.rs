@@ -129,7 +129,38 @@ impl Printer<'_> {
                 | Op::ShapeCast { x, .. } => {
                     self.generic(&pad, name, &[*x], &[], &instr.results);
                 }
-                Op::Load { memref, indices } => {
+                Op::Iota { dim, .. } => {
+                    let attr = format!("dimensions = array<i32: {dim}>");
+                    self.generic(&pad, name, &[], &[attr], &instr.results);
+                }
+                Op::AssumeMultiple { x, by } => {
+                    let attr = format!("multiple = {by} : i32");
+                    self.generic(&pad, name, &[*x], &[attr], &instr.results);
+                }
+                Op::For { lo, hi, step, iv, body } => {
+                    // The body's block argument is the induction variable.
+                    let (lo, hi, step) = (
+                        self.names.name(*lo).to_owned(),
+                        self.names.name(*hi).to_owned(),
+                        self.names.name(*step).to_owned(),
+                    );
+                    self.names.fresh(*iv);
+                    let iv = self.names.name(*iv).to_owned();
+                    let _ = writeln!(
+                        self.out,
+                        "{pad}\"stable_mosaic.scf.for\"({lo}, {hi}, {step}) ({{\n{pad}^bb0({iv}: i32):"
+                    );
+                    self.region(*body, depth + 1);
+                    let _ = writeln!(self.out, "{pad}  \"stable_mosaic.scf.yield\"() : () -> ()");
+                    let loc = k
+                        .region(r)
+                        .locs
+                        .get(i)
+                        .map(|l| format!(" {}", l.mlir()))
+                        .unwrap_or_default();
+                    let _ = writeln!(self.out, "{pad}}}) : (i32, i32, i32) -> (){loc}");
+                }
+                Op::Load { memref, indices, .. } => {
                     let operands: Vec<ValueId> =
                         std::iter::once(*memref).chain(indices.iter().copied()).collect();
                     self.generic(&pad, name, &operands, &[], &instr.results);

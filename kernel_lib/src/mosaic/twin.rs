@@ -180,6 +180,7 @@ fn stored(kernel: &Kernel, r: RegionId, out: &mut Vec<u32>) {
         match &instr.op {
             Op::Store { memref, .. } if !out.contains(&memref.0) => out.push(memref.0),
             Op::If { then, .. } => stored(kernel, *then, out),
+            Op::For { body, .. } => stored(kernel, *body, out),
             _ => {}
         }
     }
@@ -269,10 +270,35 @@ impl<'b> Step<'_, 'b> {
                     Some(b.broadcast_in_dim(self.value(*x)?, to, &dims)?)
                 }
                 Op::ShapeCast { x, shape } => Some(b.reshape(self.value(*x)?, shape.as_slice())?),
-                Op::Load { memref, .. } => Some(self.memref(*memref)?),
-                Op::Store { memref, value, .. } => {
+                Op::Load { memref, indices, shape } => {
+                    let whole = self.memref(*memref)?;
+                    if shape.as_slice() == k.ty(*memref).shape() {
+                        Some(whole)
+                    } else {
+                        let starts: Vec<Tensor<'b>> =
+                            indices.iter().map(|i| self.value(*i)).collect::<Result<_, _>>()?;
+                        let sizes: Vec<i64> = shape.iter().map(|d| *d as i64).collect();
+                        Some(b.dynamic_slice(whole, &starts, &sizes)?)
+                    }
+                }
+                Op::Store { memref, indices, value } => {
                     let v = self.value(*value)?;
+                    let v = if k.ty(*value).shape() == k.ty(*memref).shape() {
+                        v
+                    } else {
+                        let starts: Vec<Tensor<'b>> =
+                            indices.iter().map(|i| self.value(*i)).collect::<Result<_, _>>()?;
+                        b.dynamic_update_slice(self.memref(*memref)?, v, &starts)?
+                    };
                     self.memrefs.borrow_mut().insert(memref.0, v);
+                    None
+                }
+                Op::Iota { dim, shape } => {
+                    Some(b.iota(TensorType::new(DType::I32, shape.as_slice()), *dim as i64)?)
+                }
+                Op::AssumeMultiple { x, .. } => Some(self.value(*x)?),
+                Op::For { lo, hi, step, iv, body } => {
+                    self.for_loop(*lo, *hi, *step, *iv, *body)?;
                     None
                 }
                 Op::MultiReduce { kind, x, acc, dims } => {
@@ -308,6 +334,50 @@ impl<'b> Step<'_, 'b> {
             if let (Some(t), [v]) = (result, instr.results.as_slice()) {
                 self.values.borrow_mut().insert(v.0, t);
             }
+        }
+        Ok(())
+    }
+
+    /// `scf.for` as a `stablehlo.while` carrying the induction variable and the memrefs the
+    /// body writes.
+    fn for_loop(
+        &self,
+        lo: ValueId,
+        hi: ValueId,
+        step: ValueId,
+        iv: ValueId,
+        body: RegionId,
+    ) -> Result<(), BuildError> {
+        let b = self.b;
+        let mut written = Vec::new();
+        stored(self.kernel, body, &mut written);
+        if written.is_empty() {
+            return Ok(()); // a body that writes nothing has no effect
+        }
+        let (hi, step) = (self.value(hi)?, self.value(step)?);
+        let mut init = vec![self.value(lo)?];
+        for v in &written {
+            init.push(self.memref(ValueId(*v))?);
+        }
+        let after = b.while_loop(
+            &init,
+            |carried| b.compare(Direction::Lt, carried[0], hi),
+            |carried| {
+                self.values.borrow_mut().insert(iv.0, carried[0]);
+                for (v, t) in written.iter().zip(&carried[1..]) {
+                    self.memrefs.borrow_mut().insert(*v, *t);
+                }
+                self.region(body)?;
+                let mut next = vec![b.binary(hlo::BinaryOp::Add, carried[0], step)?];
+                for v in &written {
+                    next.push(self.memref(ValueId(*v))?);
+                }
+                Ok(next)
+            },
+        )?;
+        let mut memrefs = self.memrefs.borrow_mut();
+        for (v, t) in written.iter().zip(&after[1..]) {
+            memrefs.insert(*v, *t);
         }
         Ok(())
     }

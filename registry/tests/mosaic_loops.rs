@@ -1,0 +1,115 @@
+//! Counted loops, dynamic sub-slices of blocks with multiple-of hints, `iota` and integer to
+//! float casts in tiled kernels: libtpu compiles them (both printed forms, v5e and v6e), and
+//! the CPU twin computes what an f64 reference says.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
+
+use tpu_kernels::mosaic::dsl::{Tiled, all, ds};
+use tpu_kernels::mosaic::{Form, IndexExpr, Kernel, Semantics, cpu_twin, custom_call_module_as};
+use tpu_kernels::{DType, TensorType};
+use tpu_kernels_registry::numerics::{Tolerance, assert_close};
+use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
+use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+
+const ROWS: u64 = 256;
+const COLS: u64 = 256;
+const BLOCK: u64 = 64;
+const STEP: u64 = 8;
+
+/// `o[r, c] = 2 x[r, c] + c + (r mod 64) / 8`: each block of 64 rows in 8-row slices, by a
+/// loop whose index places the slice (a multiple of 8) and feeds the value.
+fn strided(dtype: DType) -> Kernel {
+    let t = TensorType::new(dtype, [ROWS, COLS]);
+    let k = Tiled::new("strided_rows", &[ROWS / BLOCK], &[Semantics::Parallel]).unwrap();
+    let map = [IndexExpr::Grid(0), IndexExpr::Const(0)];
+    let x = k.input(t.clone(), &[BLOCK, COLS], &map).unwrap();
+    let o = k.output(t, &[BLOCK, COLS], &map).unwrap();
+    k.fori(0, (BLOCK / STEP) as i64, |i| {
+        let start = (i * STEP as i64).multiple_of(STEP);
+        let rows = x.load_at(&[ds(start, STEP), all()]).cast(DType::F32);
+        let col = k.iota(&[STEP, COLS], 1).cast(DType::F32);
+        let slice = i.cast(DType::F32);
+        let y = rows * 2.0 + col + slice.broadcast_to(&[STEP, COLS]);
+        o.store_at(&[ds(start, STEP), all()], y.cast(dtype));
+    });
+    k.finish().unwrap()
+}
+
+fn reference(x: &[f64]) -> Vec<f64> {
+    (0..ROWS as usize)
+        .flat_map(|r| (0..COLS as usize).map(move |c| (r, c)))
+        .map(|(r, c)| {
+            2.0 * x[r * COLS as usize + c]
+                + c as f64
+                + ((r % BLOCK as usize) / STEP as usize) as f64
+        })
+        .collect()
+}
+
+#[test]
+fn loops_slices_and_iota_print_both_forms() {
+    let k = strided(DType::F32);
+    let text = tpu_kernels::mosaic::print_kernel(&k);
+    for needle in [
+        "scf.for",
+        "tpu.iota {dimensions = array<i32: 1>}",
+        "tpu.assume_multiple",
+        "arith.sitofp",
+        "vector<8x256xf32>",
+    ] {
+        assert!(text.contains(needle), "{needle} in:\n{text}");
+    }
+    let shipped = tpu_kernels::mosaic::print_kernel_serialized(&k);
+    for needle in [
+        "stable_mosaic.scf.for",
+        "stable_mosaic.tpu.iota",
+        "multiple = 8 : i32",
+        "stable_mosaic.arith.sitofp",
+    ] {
+        assert!(shipped.contains(needle), "{needle} in:\n{shipped}");
+    }
+}
+
+#[test]
+fn loops_slices_and_iota_compile_for_v5e_and_v6e() {
+    let Some(libtpu) = libtpu_for_tests() else { return };
+    for dtype in [DType::F32, DType::BF16] {
+        let k = strided(dtype);
+        for topology in ["v5e:1x1", "v6e:1x1"] {
+            let topo = Topology::new(&libtpu, topology).unwrap();
+            for form in [Form::Shipped, Form::Readable] {
+                let text = custom_call_module_as(&k, form);
+                topo.compile(&Program::text(text), &CompileOptions::new())
+                    .unwrap_or_else(|e| panic!("{dtype} on {topology} ({form:?}): {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_twin_runs_the_loop_over_dynamic_slices() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let x: Vec<f32> =
+        (0..(ROWS * COLS) as usize).map(|i| ((i * 37 % 101) as f32 - 50.0) / 16.0).collect();
+    let k = strided(DType::F32);
+    let exe = client
+        .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
+        .unwrap();
+    let buf = client.buffer_from_host(&x, &[ROWS as i64, COLS as i64]).unwrap();
+    let out = exe.execute(&[&buf]).unwrap()[0].to_vec::<f32>().unwrap();
+    let want = reference(&x.iter().map(|v| f64::from(*v)).collect::<Vec<_>>());
+    assert_close("strided_rows twin", &out, &want, Tolerance::new(1e-6, 1e-6));
+}
+
+#[test]
+fn a_slice_outside_its_block_or_a_bad_loop_bound_is_an_error_naming_the_line() {
+    let t = TensorType::new(DType::F32, [ROWS, COLS]);
+    let k = Tiled::new("bad_slice", &[1], &[Semantics::Parallel]).unwrap();
+    let map = [IndexExpr::Const(0), IndexExpr::Const(0)];
+    let x = k.input(t.clone(), &[ROWS, COLS], &map).unwrap();
+    let o = k.output(t, &[ROWS, COLS], &map).unwrap();
+    let v = x.load_at(&[ds(0, ROWS + 8), all()]);
+    o.store(v);
+    let e = k.finish().unwrap_err();
+    assert!(e.message.contains("does not fit") && e.message.contains("mosaic_loops.rs"), "{e}");
+    assert_eq!(e.kernel, "bad_slice");
+}
