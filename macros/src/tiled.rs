@@ -25,7 +25,8 @@ use crate::ctxt::Ctxt;
 use crate::types::DType;
 
 /// Keys of `tiled(...)`.
-pub const KEYS: &[&str] = &["tiles", "grid", "semantics", "inputs", "outputs", "scratch"];
+pub const KEYS: &[&str] =
+    &["tiles", "grid", "semantics", "inputs", "outputs", "scratch", "aliases"];
 
 /// The sublane and lane tiling of a block's last two dims (`tpu_kernels::mosaic::check`).
 const TILING: (u64, u64) = (8, 128);
@@ -87,6 +88,8 @@ pub struct TiledModel {
     pub scratch: Vec<ScratchModel>,
     pub args: Vec<CallArg>,
     pub fallible: bool,
+    /// `(input, output)` windows that are one buffer.
+    pub aliases: Vec<(usize, usize)>,
 }
 
 /// The raw pieces of `tiled(...)`, before they are checked against the function.
@@ -98,6 +101,7 @@ struct Raw {
     inputs: Option<(Span, Vec<(Ident, Expr)>)>,
     outputs: Option<(Span, Vec<(Ident, Expr)>)>,
     scratch: Option<(Span, Vec<(Ident, Expr)>)>,
+    aliases: Option<(Span, Vec<(Ident, Expr)>)>,
 }
 
 fn parse_named(stream: TokenStream) -> syn::Result<Vec<(Ident, Expr)>> {
@@ -141,7 +145,7 @@ fn parse_raw(cx: &mut Ctxt, group: &proc_macro2::Group) -> Raw {
                 dup(cx, slot.is_some());
                 *slot = Some((span, array_items(value)));
             }
-            "tiles" | "inputs" | "outputs" | "scratch" => {
+            "tiles" | "inputs" | "outputs" | "scratch" | "aliases" => {
                 let content;
                 syn::parenthesized!(content in meta.input);
                 let items = parse_named(content.parse()?)?;
@@ -149,6 +153,7 @@ fn parse_raw(cx: &mut Ctxt, group: &proc_macro2::Group) -> Raw {
                     "tiles" => &mut raw.tiles,
                     "inputs" => &mut raw.inputs,
                     "outputs" => &mut raw.outputs,
+                    "aliases" => &mut raw.aliases,
                     _ => &mut raw.scratch,
                 };
                 dup(cx, slot.is_some());
@@ -824,7 +829,27 @@ pub fn check(
         });
     }
     let fallible = k.returns.as_ref().is_some_and(|r| r.fallible);
-    Some(TiledModel { tiles, grid, parallel, inputs, outputs, scratch, args, fallible })
+    let mut aliases: Vec<(usize, usize)> = Vec::new();
+    for (out, e) in raw.aliases.iter().flat_map(|(_, v)| v) {
+        let o = outputs.iter().position(|w| out.unraw() == w.name);
+        let input = expr_ident(e);
+        let i = input.as_ref().and_then(|n| inputs.iter().position(|w| w.name == *n));
+        match (o, i) {
+            (None, _) => cx.error_spanned_by(
+                out,
+                format!("`aliases({out} = ...)`: `{out}` is not an output block"),
+            ),
+            (_, None) => cx.error_spanned_by(
+                e,
+                format!("`aliases(... = {})`: not an input block", e.to_token_stream()),
+            ),
+            (Some(o), Some(i)) if aliases.iter().any(|(a, b)| *a == i || *b == o) => {
+                cx.error_spanned_by(out, "an input or output is aliased twice")
+            }
+            (Some(o), Some(i)) => aliases.push((i, o)),
+        }
+    }
+    Some(TiledModel { tiles, grid, parallel, inputs, outputs, scratch, args, fallible, aliases })
 }
 
 fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, n: &str, e: &Expr) -> Option<ScratchModel> {
@@ -1216,6 +1241,9 @@ pub fn generate(
                 #map,
             )?;
         });
+    }
+    for (i, o) in &t.aliases {
+        lets.push(quote!(__t.alias(#i, #o)?;));
     }
     for (i, _) in t.scratch.iter().enumerate() {
         let v = format_ident!("__scratch_{}", i);

@@ -113,3 +113,77 @@ fn a_slice_outside_its_block_or_a_bad_loop_bound_is_an_error_naming_the_line() {
     assert!(e.message.contains("does not fit") && e.message.contains("mosaic_loops.rs"), "{e}");
     assert_eq!(e.kernel, "bad_slice");
 }
+
+/// Doubles rows 64..128 of `x` in place: the output is `x`'s buffer, and the grid writes one
+/// block of it; the rest keeps `x`'s values.
+#[tpu_kernels::tpu_kernel(
+    op = "looptest::double_rows_in_place",
+    shapes(x = [256, 256]),
+    output = same_as(x),
+    tiled(
+        grid = [1],
+        semantics = [parallel],
+        inputs(x = block([64, 256], |_i| (1, 0))),
+        outputs(o = block([64, 256], |_i| (1, 0))),
+        aliases(o = x),
+    ),
+    canonical = ["f32[256,256]"],
+)]
+fn double_rows_in_place(x: tpu_kernels::mosaic::Block, o: tpu_kernels::mosaic::Block) {
+    o.store(x.load() * 2.0);
+}
+
+#[test]
+fn an_aliased_output_keeps_the_blocks_the_grid_does_not_write() {
+    let record = &double_rows_in_place::REGISTRATION;
+    let sig = record.parse_signature("f32[256,256]").unwrap();
+    let kernel = double_rows_in_place::kernel(&sig).unwrap();
+    assert_eq!(kernel.aliases, vec![(0, 0)]);
+    let tpu = record.emit_text(&sig, tpu_kernels::registration::Platform::Tpu).unwrap();
+    assert!(tpu.contains("output_operand_aliases = [#stablehlo.output_operand_alias<output_tuple_indices = [], operand_index = 0, operand_tuple_indices = []>]"), "{tpu}");
+    if let Some(libtpu) = libtpu_for_tests() {
+        for topology in ["v5e:1x1", "v6e:1x1"] {
+            let topo = Topology::new(&libtpu, topology).unwrap();
+            for form in [Form::Shipped, Form::Readable] {
+                topo.compile(
+                    &Program::text(custom_call_module_as(&kernel, form)),
+                    &CompileOptions::new(),
+                )
+                .unwrap_or_else(|e| panic!("{topology} {form:?}: {e}"));
+            }
+        }
+    }
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let x: Vec<f32> = (0..256 * 256).map(|i| (i % 97) as f32 - 48.0).collect();
+    let exe = client
+        .compile(
+            &Program::text(double_rows_in_place::module(&sig).unwrap().to_text()),
+            &CompileOptions::new(),
+        )
+        .unwrap();
+    let buf = client.buffer_from_host(&x, &[256, 256]).unwrap();
+    let out = exe.execute(&[&buf]).unwrap()[0].to_vec::<f32>().unwrap();
+    let want: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(
+            |(i, v)| {
+                if (64..128).contains(&(i / 256)) { 2.0 * f64::from(*v) } else { f64::from(*v) }
+            },
+        )
+        .collect();
+    assert_close("double_rows_in_place twin", &out, &want, Tolerance::new(0.0, 0.0));
+}
+
+#[test]
+fn without_an_alias_a_partial_grid_is_refused_as_leaving_blocks_unwritten() {
+    let t = TensorType::new(DType::F32, [256, 256]);
+    let k = Tiled::new("partial", &[1], &[Semantics::Parallel]).unwrap();
+    let map = [IndexExpr::Const(1), IndexExpr::Const(0)];
+    let x = k.input(t.clone(), &[64, 256], &map).unwrap();
+    let o = k.output(t, &[64, 256], &map).unwrap();
+    o.store(x.load());
+    let e = k.finish().unwrap_err();
+    assert_eq!(e.kind, tpu_kernels::ErrorKind::Coverage, "{e}");
+    assert!(e.message.contains("unwritten"), "{e}");
+}

@@ -80,6 +80,7 @@ impl TiledBuilder {
             windows: Vec::new(),
             num_inputs: 0,
             scratch: Vec::new(),
+            aliases: Vec::new(),
             values: vec![MType::Scalar(DType::I32); grid.len()],
             regions: vec![Region::default()],
         };
@@ -167,6 +168,35 @@ impl TiledBuilder {
     ) -> Result<MValue, BuildError> {
         self.outputs_started = true;
         self.window("output", array, block, index_map)
+    }
+
+    /// Makes output `output` (counted from 0 among the outputs) the same buffer as input
+    /// `input`: `input_output_aliases = {input: output}`. The two arrays must have one type.
+    pub fn alias(&mut self, input: usize, output: usize) -> Result<(), BuildError> {
+        let n_in = self.kernel.num_inputs;
+        let (Some(i), Some(o)) =
+            (self.kernel.windows.get(input), self.kernel.windows.get(n_in + output))
+        else {
+            let m = format!("input {input} and output {output}: no such windows");
+            return Err(self.error("alias", ErrorKind::Verify, m));
+        };
+        if input >= n_in {
+            let m = format!("window {input} is not an input");
+            return Err(self.error("alias", ErrorKind::Verify, m));
+        }
+        if i.array != o.array {
+            let m = format!(
+                "input {input} ({}) and output {output} ({}) alias one buffer: they need one type",
+                i.array, o.array
+            );
+            return Err(self.error("alias", ErrorKind::DType, m));
+        }
+        if self.kernel.aliases.iter().any(|(a, b)| *a == input || *b == output) {
+            let m = format!("input {input} or output {output} is aliased twice");
+            return Err(self.error("alias", ErrorKind::Verify, m));
+        }
+        self.kernel.aliases.push((input, output));
+        Ok(())
     }
 
     /// A scratch buffer (a memref), kept across grid steps.

@@ -160,7 +160,8 @@ pub fn tiling(kernel: &Kernel) -> Result<(), BuildError> {
 }
 
 /// Every index map stays inside its array at every grid step, and the grid writes every block
-/// of every output. Blocks must divide their arrays (partial edge blocks are refused).
+/// of every output not aliased to an input. Blocks must divide their arrays (partial edge
+/// blocks are refused).
 pub fn coverage(kernel: &Kernel) -> Result<(), BuildError> {
     let steps: u64 = kernel.grid.iter().product();
     for (i, w) in kernel.windows.iter().enumerate() {
@@ -205,7 +206,10 @@ pub fn coverage(kernel: &Kernel) -> Result<(), BuildError> {
             }
         }
         let total: u64 = counts.iter().product();
-        if output && (seen.len() as u64) < total {
+        // An output aliased to an input keeps the input's contents where the grid does not
+        // write (an in-place update of some blocks).
+        let aliased = output && kernel.aliases.iter().any(|(_, o)| *o + kernel.num_inputs == i);
+        if output && !aliased && (seen.len() as u64) < total {
             let m = format!(
                 "{name}: the grid {:?} writes {} of the {total} blocks of {} (blocks {:?}): the rest would be left unwritten",
                 kernel.grid,

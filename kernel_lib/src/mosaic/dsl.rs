@@ -91,6 +91,12 @@ impl Tiled {
         Ok(Block { t: self, v })
     }
 
+    /// Makes output `output` the same buffer as input `input` (counted among the inputs and
+    /// the outputs): `input_output_aliases = {input: output}`.
+    pub fn alias(&self, input: usize, output: usize) -> Result<(), BuildError> {
+        self.b.borrow_mut().alias(input, output)
+    }
+
     /// A scratch buffer, kept across grid steps (VMEM or SMEM).
     pub fn scratch(&self, ty: MType) -> Result<Block<'_>, BuildError> {
         let v = self.b.borrow_mut().scratch(ty)?;

@@ -288,6 +288,9 @@ pub struct Kernel {
     pub num_inputs: usize,
     /// Scratch memrefs.
     pub scratch: Vec<MType>,
+    /// `(input, output)` pairs whose arrays are one buffer (`input_output_aliases`): the output
+    /// starts as the input's contents, so blocks the grid does not write keep them.
+    pub aliases: Vec<(usize, usize)>,
     /// The type of every value, indexed by [`ValueId`].
     pub values: Vec<MType>,
     /// Region 0 is the body.

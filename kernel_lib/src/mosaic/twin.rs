@@ -3,7 +3,8 @@
 //! like every other module).
 //!
 //! - Outputs start as NaN (floats) or the type's minimum (integers), scratch buffers likewise,
-//!   as interpret mode's "uninitialised" values.
+//!   as interpret mode's "uninitialised" values; an output aliased to an input starts as the
+//!   input's contents.
 //! - One `stablehlo.while` runs over the grid points in row-major order (last axis fastest),
 //!   carrying a step counter, the output arrays and the scratch buffers; the grid indices are
 //!   `(t / stride) % bound`.
@@ -52,8 +53,12 @@ pub fn cpu_twin_for(
         }
     }
     let mut init = vec![b.scalar(DType::I32, 0.0)?];
-    for w in kernel.outputs() {
-        init.push(b.splat(w.array.clone(), uninitialised(w.array.dtype))?);
+    for (o, w) in kernel.outputs().iter().enumerate() {
+        // An aliased output starts as its input's contents; any other as "uninitialised".
+        match kernel.aliases.iter().find(|(_, out)| *out == o) {
+            Some((i, _)) => init.push(args[*i]),
+            None => init.push(b.splat(w.array.clone(), uninitialised(w.array.dtype))?),
+        }
     }
     for s in &kernel.scratch {
         init.push(b.splat(tensor_type(s), uninitialised(s.dtype().unwrap_or(DType::F32)))?);

@@ -132,9 +132,25 @@ pub fn custom_call_module_for(
     }
     let n = out_views.len();
     let lhs = if n == 1 { "%0".to_owned() } else { format!("%0:{n}") };
+    let aliases = if kernel.aliases.is_empty() {
+        String::new()
+    } else {
+        let tuple_index = |o: usize| if n == 1 { String::new() } else { o.to_string() };
+        let entries: Vec<String> = kernel
+            .aliases
+            .iter()
+            .map(|(i, o)| {
+                format!(
+                    "#stablehlo.output_operand_alias<output_tuple_indices = [{}], operand_index = {i}, operand_tuple_indices = []>",
+                    tuple_index(*o)
+                )
+            })
+            .collect();
+        format!(", output_operand_aliases = [{}]", entries.join(", "))
+    };
     let _ = writeln!(
         out,
-        "    {lhs} = stablehlo.custom_call @tpu_custom_call({}) {{backend_config = \"{}\", kernel_name = \"{}\", operand_layouts = [{}], result_layouts = [{}]}} : ({}) -> {}",
+        "    {lhs} = stablehlo.custom_call @tpu_custom_call({}) {{backend_config = \"{}\", kernel_name = \"{}\", operand_layouts = [{}]{aliases}, result_layouts = [{}]}} : ({}) -> {}",
         args.join(", "),
         escape(&backend_config(kernel, form)),
         escape(&kernel.name),
