@@ -187,3 +187,63 @@ fn without_an_alias_a_partial_grid_is_refused_as_leaving_blocks_unwritten() {
     assert_eq!(e.kind, tpu_kernels::ErrorKind::Coverage, "{e}");
     assert!(e.message.contains("unwritten"), "{e}");
 }
+
+/// `o[block b] = x[block b] * (b + 1)`, the factor counted in an SMEM scratch buffer carried
+/// across the sequential (`arbitrary`) grid steps.
+fn smem_counter() -> Kernel {
+    let t = TensorType::new(DType::F32, [ROWS, COLS]);
+    let k = Tiled::new("smem_counter", &[ROWS / BLOCK], &[Semantics::Arbitrary]).unwrap();
+    let map = [IndexExpr::Grid(0), IndexExpr::Const(0)];
+    let x = k.input(t.clone(), &[BLOCK, COLS], &map).unwrap();
+    let o = k.output(t, &[BLOCK, COLS], &map).unwrap();
+    let count = k.scratch(tpu_kernels::mosaic::MType::smem(DType::I32, &[2])).unwrap();
+    k.when(k.program_id(0).eq(0), || count.set(&[1], k.index(0)));
+    let next = count.get(&[1]) + 1;
+    count.set(&[1], next);
+    let factor = count.get(&[1]).cast(DType::F32).broadcast_to(&[BLOCK, COLS]);
+    o.store(x.load() * factor);
+    k.finish().unwrap()
+}
+
+#[test]
+fn smem_scratch_is_read_and_written_one_element_at_a_time() {
+    let k = smem_counter();
+    let text = tpu_kernels::mosaic::print_kernel(&k);
+    assert!(text.contains("memref.load") && text.contains("memref.store"), "{text}");
+    assert!(text.contains("#tpu.memory_space<smem>"), "{text}");
+    if let Some(libtpu) = libtpu_for_tests() {
+        for topology in ["v5e:1x1", "v6e:1x1"] {
+            let topo = Topology::new(&libtpu, topology).unwrap();
+            for form in [Form::Shipped, Form::Readable] {
+                topo.compile(
+                    &Program::text(custom_call_module_as(&k, form)),
+                    &CompileOptions::new(),
+                )
+                .unwrap_or_else(|e| panic!("{topology} {form:?}: {e}"));
+            }
+        }
+    }
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let x: Vec<f32> = (0..(ROWS * COLS) as usize).map(|i| (i % 13) as f32 - 6.0).collect();
+    let exe = client
+        .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
+        .unwrap();
+    let buf = client.buffer_from_host(&x, &[ROWS as i64, COLS as i64]).unwrap();
+    let out = exe.execute(&[&buf]).unwrap()[0].to_vec::<f32>().unwrap();
+    let want: Vec<f64> = x
+        .iter()
+        .enumerate()
+        .map(|(i, v)| f64::from(*v) * ((i / (BLOCK * COLS) as usize) + 1) as f64)
+        .collect();
+    assert_close("smem_counter twin", &out, &want, Tolerance::new(0.0, 0.0));
+    // A vector load from SMEM is refused, naming the op.
+    let t = TensorType::new(DType::F32, [8, 128]);
+    let bad = Tiled::new("vector_from_smem", &[1], &[Semantics::Parallel]).unwrap();
+    let map = [IndexExpr::Const(0), IndexExpr::Const(0)];
+    let _x = bad.input(t.clone(), &[8, 128], &map).unwrap();
+    let o = bad.output(t, &[8, 128], &map).unwrap();
+    let s = bad.scratch(tpu_kernels::mosaic::MType::smem(DType::F32, &[8, 128])).unwrap();
+    o.store(s.load());
+    let e = bad.finish().unwrap_err();
+    assert!(e.message.contains("needs a VMEM memref"), "{e}");
+}

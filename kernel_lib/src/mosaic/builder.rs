@@ -440,6 +440,26 @@ impl TiledBuilder {
         Ok(())
     }
 
+    /// One element of an SMEM buffer at `at` (one `i32` scalar per dim).
+    #[track_caller]
+    pub fn scalar_load(&mut self, memref: MValue, at: &[MValue]) -> Result<MValue, BuildError> {
+        let indices = self.slice_indices(memref, at, "memref.load")?;
+        self.one(Op::ScalarLoad { memref: memref.0, indices })
+    }
+
+    /// Writes one element of an SMEM buffer at `at`.
+    #[track_caller]
+    pub fn scalar_store(
+        &mut self,
+        memref: MValue,
+        at: &[MValue],
+        value: MValue,
+    ) -> Result<(), BuildError> {
+        let indices = self.slice_indices(memref, at, "memref.store")?;
+        self.push(Op::ScalarStore { memref: memref.0, indices, value: value.0 })?;
+        Ok(())
+    }
+
     /// An `i32` vector of `shape` counting along `dim` (`jax.lax.broadcasted_iota`).
     #[track_caller]
     pub fn iota(&mut self, shape: &[u64], dim: usize) -> Result<MValue, BuildError> {

@@ -12,7 +12,7 @@ use crate::error::{BuildError, ErrorKind};
 use crate::ir::{RegionId, ValueId};
 
 use super::ir::{IndexExpr, InferCx, Kernel, Op, infer, op_name};
-use super::types::MType;
+use super::types::{MType, MemorySpace};
 
 /// The sublane and lane tiling of the last two dims of a block.
 pub const TILING: (u64, u64) = (8, 128);
@@ -49,6 +49,12 @@ fn operands(op: &Op) -> Vec<ValueId> {
             std::iter::once(*memref).chain(indices.iter().copied()).chain([*value]).collect()
         }
         Op::MultiReduce { x, acc, .. } => vec![*x, *acc],
+        Op::ScalarLoad { memref, indices } => {
+            std::iter::once(*memref).chain(indices.iter().copied()).collect()
+        }
+        Op::ScalarStore { memref, indices, value } => {
+            std::iter::once(*memref).chain(indices.iter().copied()).chain([*value]).collect()
+        }
         Op::Matmul { lhs, rhs, acc, .. } => vec![*lhs, *rhs, *acc],
         Op::If { cond, .. } => vec![*cond],
     }
@@ -243,7 +249,8 @@ pub fn vmem_bytes(kernel: &Kernel) -> u64 {
         .iter()
         .map(|w| 2 * w.block.iter().product::<u64>() * w.array.dtype.byte_size() as u64)
         .sum();
-    windows + kernel.scratch.iter().map(MType::byte_size).sum::<u64>()
+    let vmem_scratch = kernel.scratch.iter().filter(|s| s.space() == Some(MemorySpace::Vmem));
+    windows + vmem_scratch.map(MType::byte_size).sum::<u64>()
 }
 
 /// The kernel fits `target`'s scoped VMEM.

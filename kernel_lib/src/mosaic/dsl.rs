@@ -330,6 +330,31 @@ impl<'k> Block<'k> {
     }
 }
 
+impl<'k> Block<'k> {
+    fn starts<S: Into<Start<'k>> + Copy>(&self, at: &[S]) -> Option<Vec<MValue>> {
+        at.iter()
+            .map(|s| match (*s).into() {
+                Start::Const(c) => self.t.index(c).v,
+                Start::Dyn(v) => v.v,
+            })
+            .collect()
+    }
+
+    /// One element of an SMEM scratch buffer: `ref[i]` on an SMEM ref.
+    #[track_caller]
+    pub fn get<S: Into<Start<'k>> + Copy>(self, at: &[S]) -> Vector<'k> {
+        let Some(starts) = self.starts(at) else { return Vector { t: self.t, v: None } };
+        self.t.vector(|b| b.scalar_load(self.v, &starts))
+    }
+
+    /// Writes one element of an SMEM scratch buffer: `ref[i] = value`.
+    #[track_caller]
+    pub fn set<S: Into<Start<'k>> + Copy>(self, at: &[S], value: Vector<'k>) {
+        let (Some(starts), Some(v)) = (self.starts(at), value.v) else { return };
+        self.t.with(|b| b.scalar_store(self.v, &starts, v));
+    }
+}
+
 /// Where a sub-slice starts along one dim: a number or an `i32` scalar of the body.
 #[derive(Clone, Copy, Debug)]
 pub enum Start<'k> {

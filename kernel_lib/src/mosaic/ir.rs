@@ -231,6 +231,17 @@ pub enum Op {
         cond: ValueId,
         then: RegionId,
     },
+    /// One element of an SMEM memref, at `index` indices (`memref.load`).
+    ScalarLoad {
+        memref: ValueId,
+        indices: Vec<ValueId>,
+    },
+    /// Writes a scalar into an SMEM memref (`memref.store`).
+    ScalarStore {
+        memref: ValueId,
+        indices: Vec<ValueId>,
+        value: ValueId,
+    },
     /// Runs `body` for `iv` in `lo, lo + step, ..` below `hi` (`i32` scalars; `scf.for`
     /// without loop-carried values: the body communicates through memrefs). `iv` is defined
     /// inside `body` only.
@@ -480,15 +491,33 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
             }
             vec![MType::vector(*dtype, shape)]
         }
+        Op::ScalarLoad { memref, indices } => {
+            let t = cx.ty(*memref);
+            memref_indices(t, indices, cx)?;
+            in_smem(t)?;
+            vec![MType::Scalar(t.dtype().unwrap_or(DType::I32))]
+        }
+        Op::ScalarStore { memref, indices, value } => {
+            let t = cx.ty(*memref);
+            memref_indices(t, indices, cx)?;
+            in_smem(t)?;
+            let v = cx.ty(*value);
+            if *v != MType::Scalar(t.dtype().unwrap_or(DType::I32)) {
+                return Err(op_err!(DType, "stores {v} into {t}: one element of its type"));
+            }
+            vec![]
+        }
         Op::Load { memref, indices, shape } => {
             let t = cx.ty(*memref);
             memref_indices(t, indices, cx)?;
+            in_vmem(t)?;
             window_within(t, shape)?;
             vec![MType::vector(t.dtype().unwrap_or(DType::F32), shape)]
         }
         Op::Store { memref, indices, value } => {
             let t = cx.ty(*memref);
             memref_indices(t, indices, cx)?;
+            in_vmem(t)?;
             let v = cx.ty(*value);
             let MType::Vector { shape, dtype } = v else {
                 return Err(op_err!(DType, "stores {v}, not a vector, into {t}"));
@@ -578,6 +607,30 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
     })
 }
 
+/// Vector loads and stores reach VMEM only.
+fn in_vmem(t: &MType) -> Result<(), OpError> {
+    if t.space() != Some(super::types::MemorySpace::Vmem) {
+        return Err(op_err!(
+            DType,
+            "a vector load or store needs a VMEM memref, not {t} (read SMEM one element at a time)"
+        ));
+    }
+    Ok(())
+}
+
+/// Scalar loads and stores reach SMEM only, 32-bit elements.
+fn in_smem(t: &MType) -> Result<(), OpError> {
+    let ok = t.space() == Some(super::types::MemorySpace::Smem)
+        && matches!(t.dtype(), Some(DType::I32 | DType::F32));
+    if !ok {
+        return Err(op_err!(
+            DType,
+            "a scalar load or store needs an i32 or f32 SMEM memref, not {t}"
+        ));
+    }
+    Ok(())
+}
+
 /// A load's or store's window fits its memref: the same rank, each dim at most the memref's.
 fn window_within(memref: &MType, shape: &[u64]) -> Result<(), OpError> {
     let dims = memref.shape();
@@ -614,6 +667,8 @@ pub fn op_name(op: &Op, cx: &dyn InferCx) -> &'static str {
         Op::Iota { .. } => "tpu.iota",
         Op::AssumeMultiple { .. } => "tpu.assume_multiple",
         Op::For { .. } => "scf.for",
+        Op::ScalarLoad { .. } => "memref.load",
+        Op::ScalarStore { .. } => "memref.store",
         Op::IndexCast(_) => "arith.index_cast",
         Op::Broadcast { .. } => "vector.broadcast",
         Op::ShapeCast { .. } => "vector.shape_cast",

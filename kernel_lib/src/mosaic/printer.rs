@@ -168,6 +168,19 @@ impl Printer<'_> {
                         k.ty(instr.results[0])
                     )
                 }
+                Op::ScalarLoad { memref, indices } => format!(
+                    "memref.load {}[{}] : {}",
+                    self.name(*memref),
+                    self.names(indices),
+                    ty(memref)
+                ),
+                Op::ScalarStore { memref, indices, value } => format!(
+                    "memref.store {}, {}[{}] : {}",
+                    self.name(*value),
+                    self.name(*memref),
+                    self.names(indices),
+                    ty(memref)
+                ),
                 Op::Iota { dim, .. } => format!(
                     "tpu.iota {{dimensions = array<i32: {dim}>}} : {}",
                     k.ty(instr.results[0])

@@ -129,6 +129,16 @@ impl Printer<'_> {
                 | Op::ShapeCast { x, .. } => {
                     self.generic(&pad, name, &[*x], &[], &instr.results);
                 }
+                Op::ScalarLoad { memref, indices } => {
+                    let operands: Vec<ValueId> =
+                        std::iter::once(*memref).chain(indices.iter().copied()).collect();
+                    self.generic(&pad, name, &operands, &[], &instr.results);
+                }
+                Op::ScalarStore { memref, indices, value } => {
+                    let operands: Vec<ValueId> =
+                        [*value, *memref].into_iter().chain(indices.iter().copied()).collect();
+                    self.generic(&pad, name, &operands, &[], &instr.results);
+                }
                 Op::Iota { dim, .. } => {
                     let attr = format!("dimensions = array<i32: {dim}>");
                     self.generic(&pad, name, &[], &[attr], &instr.results);

@@ -183,7 +183,11 @@ fn step<'b>(
 fn stored(kernel: &Kernel, r: RegionId, out: &mut Vec<u32>) {
     for instr in &kernel.region(r).instrs {
         match &instr.op {
-            Op::Store { memref, .. } if !out.contains(&memref.0) => out.push(memref.0),
+            Op::Store { memref, .. } | Op::ScalarStore { memref, .. }
+                if !out.contains(&memref.0) =>
+            {
+                out.push(memref.0)
+            }
             Op::If { then, .. } => stored(kernel, *then, out),
             Op::For { body, .. } => stored(kernel, *body, out),
             _ => {}
@@ -296,6 +300,22 @@ impl<'b> Step<'_, 'b> {
                         b.dynamic_update_slice(self.memref(*memref)?, v, &starts)?
                     };
                     self.memrefs.borrow_mut().insert(memref.0, v);
+                    None
+                }
+                Op::ScalarLoad { memref, indices } => {
+                    let starts: Vec<Tensor<'b>> =
+                        indices.iter().map(|i| self.value(*i)).collect::<Result<_, _>>()?;
+                    let ones = vec![1i64; indices.len()];
+                    let one = b.dynamic_slice(self.memref(*memref)?, &starts, &ones)?;
+                    Some(b.reshape(one, &[] as &[u64])?)
+                }
+                Op::ScalarStore { memref, indices, value } => {
+                    let starts: Vec<Tensor<'b>> =
+                        indices.iter().map(|i| self.value(*i)).collect::<Result<_, _>>()?;
+                    let ones = vec![1u64; indices.len()];
+                    let v = b.reshape(self.value(*value)?, ones.as_slice())?;
+                    let updated = b.dynamic_update_slice(self.memref(*memref)?, v, &starts)?;
+                    self.memrefs.borrow_mut().insert(memref.0, updated);
                     None
                 }
                 Op::Iota { dim, shape } => {

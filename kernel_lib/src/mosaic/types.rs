@@ -45,6 +45,20 @@ impl MType {
         MType::MemRef { shape: shape.to_vec(), dtype, space: MemorySpace::Vmem }
     }
 
+    /// `memref<...xi32, #tpu.memory_space<smem>>`: scalar memory, read and written one element
+    /// at a time.
+    pub fn smem(dtype: DType, shape: &[u64]) -> MType {
+        MType::MemRef { shape: shape.to_vec(), dtype, space: MemorySpace::Smem }
+    }
+
+    /// The memory space of a memref (`None` for other types).
+    pub fn space(&self) -> Option<MemorySpace> {
+        match self {
+            MType::MemRef { space, .. } => Some(*space),
+            _ => None,
+        }
+    }
+
     /// The element type (`None` for `index`).
     pub fn dtype(&self) -> Option<DType> {
         match self {
