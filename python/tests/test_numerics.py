@@ -9,6 +9,10 @@ reference is the same PyTorch op evaluated in float64 on the upcast inputs;
 eager in the tested dtype is measured against the same reference only to be shown beside the
 kernel's error when a case fails.
 
+Tiled (Mosaic) kernels run with tiled kernels forced (`tpu_kernels.testing.force_tiled`), so on
+the CPU their twin runs (the stats must name the tiled kernel), and their printed Mosaic text also
+runs through the interpreter (`_native.tiled_interpret`); both are held to the same reference.
+
 Gradients: the autograd of `torch.ops.tpuk.rms_norm`, `swiglu` and `cross_entropy` (their paired
 backward kernels) and the backward kernels called directly, against f64 autograd of the reference
 formulas. Integer inputs (cross entropy's class indices) are passed as int64, not rounded.
