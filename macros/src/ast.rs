@@ -236,7 +236,8 @@ pub fn from_item(cx: &mut Ctxt, item: TokenStream, tiled: bool) -> Option<Kernel
                     "a tiled kernel works on blocks: its inputs, outputs and scratch buffers are \
                      `Block` parameters, not `Tensor`",
                 );
-                continue;
+                // Checked on as the block it should be, so its specs are not errors too.
+                ParamKind::Block
             }
             Some(None) => {
                 n_tensors += 1;

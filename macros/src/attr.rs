@@ -126,8 +126,9 @@ pub struct Attrs {
     pub backward: Once<(String, Span)>,
     pub canonical: Once<Vec<LitStr>>,
     pub import: Once<Import>,
-    /// The contents of `tiled(...)`, read by [`crate::tiled`].
-    pub tiled: Once<Group>,
+    /// The `tiled` key's span (where errors about the whole form point) and the contents of
+    /// `tiled(...)`, read by [`crate::tiled`].
+    pub tiled: Once<(Span, Group)>,
     pub krate: Once<syn::Path>,
     /// The arguments did not parse as a list of keys at all: checks that a key is missing
     /// would only add noise.
@@ -345,7 +346,7 @@ fn parse_key(
         }
         "tiled" => {
             let group = paren_group(input, key, path)?;
-            attrs.tiled.set(cx, path, group);
+            attrs.tiled.set(cx, path, (path.span(), group));
         }
         "same_dtype" => {
             if !(input.is_empty() || input.peek(Token![,])) {

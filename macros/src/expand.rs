@@ -25,6 +25,11 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         return quote!(#errors #item);
     };
     let assigned = tiled::assign(&mut cx, &attrs, &mut kernel);
+    if assigned.as_ref().is_some_and(tiled::Assigned::is_malformed) {
+        let errors = cx.to_compile_errors();
+        let original = original(&kernel.item);
+        return quote!(#errors #original);
+    }
     let model = check::check(&mut cx, &attrs, &kernel);
     let tiled = assigned.and_then(|a| tiled::check(&mut cx, &attrs, &kernel, &model, a));
     if cx.has_errors() {
@@ -376,6 +381,9 @@ pub fn expand_with_errors(args: TokenStream, item: TokenStream) -> (TokenStream,
         return (TokenStream::new(), cx.messages());
     };
     let assigned = tiled::assign(&mut cx, &attrs, &mut kernel);
+    if assigned.as_ref().is_some_and(tiled::Assigned::is_malformed) {
+        return (TokenStream::new(), cx.messages());
+    }
     let model = check::check(&mut cx, &attrs, &kernel);
     let tiled = assigned.and_then(|a| tiled::check(&mut cx, &attrs, &kernel, &model, a));
     if cx.has_errors() {

@@ -60,11 +60,14 @@ pub struct WindowModel {
     pub span: Span,
     pub block: Vec<(SizeExpr, String, Span)>,
     pub index_map: Vec<IndexEntry>,
+    /// The index map's entries, for errors.
+    pub index_spans: Vec<Span>,
     pub view: Option<Vec<SizeExpr>>,
 }
 
 pub struct ScratchModel {
     pub name: String,
+    pub span: Span,
     pub dtype: DType,
     pub dims: Vec<(SizeExpr, String)>,
 }
@@ -102,6 +105,8 @@ struct Raw {
     outputs: Option<(Span, Vec<(Ident, Expr)>)>,
     scratch: Option<(Span, Vec<(Ident, Expr)>)>,
     aliases: Option<(Span, Vec<(Ident, Expr)>)>,
+    /// `tiled(...)` did not parse: what follows its syntax error would be noise.
+    malformed: bool,
 }
 
 fn parse_named(stream: TokenStream) -> syn::Result<Vec<(Ident, Expr)>> {
@@ -173,6 +178,7 @@ fn parse_raw(cx: &mut Ctxt, group: &proc_macro2::Group) -> Raw {
     });
     if let Err(e) = parser.parse2(group.stream()) {
         cx.error_at(e.span(), format!("bad `tiled(...)`: {e}"));
+        raw.malformed = true;
     }
     raw
 }
@@ -181,6 +187,8 @@ fn parse_raw(cx: &mut Ctxt, group: &proc_macro2::Group) -> Raw {
 struct Names<'a> {
     dims: &'a BTreeMap<String, DimPos>,
     tiles: Vec<(String, SizeExpr)>,
+    /// Tiles whose definition is in error: a use of one is not a second error.
+    broken: Vec<String>,
     k: &'a Kernel,
 }
 
@@ -208,6 +216,8 @@ impl Names<'_> {
                     Some(SizeExpr::Tile(n))
                 } else if self.dims.contains_key(&n) {
                     Some(SizeExpr::Dim(n))
+                } else if self.broken.contains(&n) {
+                    None
                 } else {
                     cx.error_spanned_by(
                         e,
@@ -237,7 +247,22 @@ impl Names<'_> {
                     }
                 };
                 let (l, r) = (self.size(cx, &b.left), self.size(cx, &b.right));
-                Some(SizeExpr::Binary(op, Box::new(l?), Box::new(r?)))
+                let e = SizeExpr::Binary(op, Box::new(l?), Box::new(r?));
+                // Known operands without a value: a size that no signature can have.
+                if let SizeExpr::Binary(_, l, r) = &e
+                    && let (Some(a), Some(c)) = (l.value(&self.tiles), r.value(&self.tiles))
+                    && e.value(&self.tiles).is_none()
+                {
+                    let why = match op {
+                        '/' | '%' if c == 0 => "it divides by 0".to_owned(),
+                        '/' => format!("{c} does not divide {a} (`/` divides exactly)"),
+                        '-' => "it is negative".to_owned(),
+                        _ => "it overflows".to_owned(),
+                    };
+                    cx.error_spanned_by(b, format!("size `{a} {op} {c}`: {why}"));
+                    return None;
+                }
+                Some(e)
             }
             Expr::Call(c) => {
                 let f = expr_ident(&c.func).unwrap_or_default();
@@ -341,7 +366,9 @@ impl SizeExpr {
                     "min" => Some(v[0].min(v[1])),
                     "max" => Some(v[0].max(v[1])),
                     "cdiv" => (v[1] != 0).then(|| v[0].div_ceil(v[1])),
-                    "round_up" => (v[1] != 0).then(|| v[0].div_ceil(v[1]) * v[1]),
+                    "round_up" => {
+                        (v[1] != 0).then(|| v[0].div_ceil(v[1]).checked_mul(v[1])).flatten()
+                    }
                     _ => None,
                 }
             }
@@ -437,8 +464,11 @@ fn output_dims(attrs: &Attrs, k: &Kernel, m: &Model, n: usize) -> Option<Vec<Opt
 /// checks of the plain form (schema, shapes, statics) see the input blocks as the tensors.
 /// Returns the parsed pieces for [`check`].
 pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> {
-    let group = attrs.tiled.get()?;
+    let (key, group) = attrs.tiled.get()?;
     let raw = parse_raw(cx, group);
+    if raw.malformed {
+        return Some(Assigned { raw, span: *key });
+    }
     let names = |slot: &Option<(Span, Vec<(Ident, Expr)>)>| -> Vec<String> {
         slot.as_ref()
             .map(|(_, v)| v.iter().map(|(n, _)| n.unraw().to_string()).collect())
@@ -503,13 +533,21 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
                 cx.error_spanned_by(n, format!("`{s}` is declared twice"));
             }
             seen.push(s.clone());
-            let declared_elsewhere = match what {
-                "input" => outs.contains(&s) || scratch.contains(&s),
-                "output" => scratch.contains(&s),
-                _ => false,
+            // Reported at the later declaration: the parameter took the first kind.
+            let earlier = match what {
+                "output" if ins.contains(&s) => Some("an input"),
+                "scratch" if ins.contains(&s) => Some("an input"),
+                "scratch" if outs.contains(&s) => Some("an output"),
+                _ => None,
             };
-            if declared_elsewhere {
-                cx.error_spanned_by(n, format!("`{s}` is declared as more than one kind of block"));
+            if let Some(earlier) = earlier {
+                cx.error_spanned_by(
+                    n,
+                    format!(
+                        "`{s}` is already {earlier} block: a block is an input, an output or a \
+                         scratch buffer, not two of them"
+                    ),
+                );
             }
             match k.param(&s).map(|p| p.kind) {
                 Some(ParamKind::Static(..)) | Some(ParamKind::Ctx) => cx.error_spanned_by(
@@ -525,21 +563,16 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
         }
     }
     if raw.outputs.as_ref().is_none_or(|(_, v)| v.is_empty()) {
-        cx.error_at(
-            group.span(),
-            "a tiled kernel has at least one output: `outputs(o = block(...))`",
-        );
+        cx.error_at(*key, "a tiled kernel has at least one output: `outputs(o = block(...))`");
     }
     if raw.inputs.as_ref().is_none_or(|(_, v)| v.is_empty()) {
-        cx.error_at(
-            group.span(),
-            "a tiled kernel has at least one input: `inputs(x = block(...))`",
-        );
+        cx.error_at(*key, "a tiled kernel has at least one input: `inputs(x = block(...))`");
     }
     if let Some(r) = &mut k.returns {
-        r.count = no;
+        // The declared outputs (the assigned ones, unless a spec is in error).
+        r.count = outs.len();
     }
-    Some(Assigned { raw, span: group.span() })
+    Some(Assigned { raw, span: *key })
 }
 
 pub struct Assigned {
@@ -547,8 +580,20 @@ pub struct Assigned {
     span: Span,
 }
 
-/// The closure `|i, j, k| (i, k)`: grid axis or constant per array dim.
-fn index_map(cx: &mut Ctxt, e: &Expr, grid_rank: usize, what: &str) -> Option<Vec<IndexEntry>> {
+impl Assigned {
+    /// Whether `tiled(...)` has a syntax error, past which no check is worth reporting.
+    pub fn is_malformed(&self) -> bool {
+        self.raw.malformed
+    }
+}
+
+/// The closure `|i, j, k| (i, k)`: grid axis or constant per array dim, with each entry's span.
+fn index_map(
+    cx: &mut Ctxt,
+    e: &Expr,
+    grid_rank: usize,
+    what: &str,
+) -> Option<Vec<(IndexEntry, Span)>> {
     let Expr::Closure(c) = e else {
         cx.error_spanned_by(e, format!("the index map of {what} is a closure from grid indices to block indices: `|i, j| (i, 0)`"));
         return None;
@@ -586,11 +631,11 @@ fn index_map(cx: &mut Ctxt, e: &Expr, grid_rank: usize, what: &str) -> Option<Ve
                 cx.error_spanned_by(item, format!("block index {v} of {what} leaves the array"));
                 return None;
             }
-            out.push(IndexEntry::Const(v));
+            out.push((IndexEntry::Const(v), item.span()));
         } else if let Some(n) = expr_ident(item)
             && let Some(axis) = params.iter().position(|p| p.as_deref() == Some(n.as_str()))
         {
-            out.push(IndexEntry::Grid(axis));
+            out.push((IndexEntry::Grid(axis), item.span()));
         } else {
             cx.error_spanned_by(
                 item,
@@ -677,7 +722,8 @@ fn window(
         name: name.unraw().to_string(),
         span: name.span(),
         block,
-        index_map: map,
+        index_map: map.iter().map(|(e, _)| *e).collect(),
+        index_spans: map.iter().map(|(_, s)| *s).collect(),
         view,
     })
 }
@@ -702,7 +748,7 @@ pub fn check(
              are windows, not results read off a built module)",
         );
     }
-    let mut names = Names { dims: &m.dims, tiles: Vec::new(), k };
+    let mut names = Names { dims: &m.dims, tiles: Vec::new(), broken: Vec::new(), k };
     let mut tiles = Vec::new();
     for (id, e) in raw.tiles.iter().flat_map(|(_, v)| v) {
         let n = id.unraw().to_string();
@@ -714,9 +760,12 @@ pub fn check(
             cx.error_spanned_by(id, format!("tile `{n}` is defined twice"));
             continue;
         }
-        if let Some(s) = names.size(cx, e) {
-            names.tiles.push((n, s.clone()));
-            tiles.push((id.clone(), s));
+        match names.size(cx, e) {
+            Some(s) => {
+                names.tiles.push((n, s.clone()));
+                tiles.push((id.clone(), s));
+            }
+            None => names.broken.push(n),
         }
     }
     let Some((grid_span, grid_exprs)) = &raw.grid else {
@@ -789,11 +838,11 @@ pub fn check(
             continue;
         }
         let n = p.ident.unraw().to_string();
-        let Some((_, e)) = raw.scratch.iter().flat_map(|(_, v)| v).find(|(id, _)| id.unraw() == n)
+        let Some((id, e)) = raw.scratch.iter().flat_map(|(_, v)| v).find(|(id, _)| id.unraw() == n)
         else {
             continue;
         };
-        if let Some(s) = scratch_spec(cx, &names, &n, e) {
+        if let Some(s) = scratch_spec(cx, &names, id, e) {
             scratch.push(s);
         }
     }
@@ -812,7 +861,7 @@ pub fn check(
         };
         static_window_checks(cx, &names, w, array, &format!("output `{}`", w.name));
     }
-    static_vmem(cx, &names, attrs, &inputs, &outputs, &scratch, a.span);
+    static_vmem(cx, &names, attrs, &inputs, &outputs, &scratch);
     if let Some(body) = &k.item.body {
         check_matmuls(cx, &names, &inputs, &outputs, &scratch, body);
     }
@@ -852,7 +901,8 @@ pub fn check(
     Some(TiledModel { tiles, grid, parallel, inputs, outputs, scratch, args, fallible, aliases })
 }
 
-fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, n: &str, e: &Expr) -> Option<ScratchModel> {
+fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, id: &Ident, e: &Expr) -> Option<ScratchModel> {
+    let n = &id.unraw().to_string();
     let form = "a scratch buffer is `vmem(f32, [bm, bn])`";
     let Expr::Call(c) = e else {
         cx.error_spanned_by(e, form);
@@ -905,7 +955,7 @@ fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, n: &str, e: &Expr) -> Option<S
     for d in &a.elems {
         dims.push((names.size(cx, d)?, d.to_token_stream().to_string()));
     }
-    Some(ScratchModel { name: n.to_owned(), dtype, dims })
+    Some(ScratchModel { name: n.to_owned(), span: id.span(), dtype, dims })
 }
 
 fn static_window_checks(
@@ -957,23 +1007,26 @@ fn static_window_checks(
             cx.error_at(
                 *span,
                 format!(
-                    "{what}: block dim {d} is {text} = {b}, which breaks the TPU tiling rule: \
-                     the last two block dims are multiples of ({}, {}) or equal the array's ({a})",
-                    TILING.0, TILING.1
+                    "{what}: block dim {d} is {}, which breaks the TPU tiling rule: the last two \
+                     block dims are multiples of ({}, {}) or equal the array's ({a})",
+                    if *text == b.to_string() { text.clone() } else { format!("{text} = {b}") },
+                    TILING.0,
+                    TILING.1
                 ),
             );
         }
         if let IndexEntry::Const(c) = w.index_map[d]
             && let Some(a) = full
-            && (c as u64) * b >= a
         {
-            cx.error_at(
-                *span,
-                format!(
-                    "{what}: block index {c} along dim {d} starts at {} of an array of {a}",
-                    c as u64 * b
-                ),
-            );
+            // `c` is non-negative (`index_map` refuses the rest).
+            let start = (c as u64).checked_mul(b);
+            if start.is_none_or(|s| s >= a) {
+                let at = start.map_or_else(|| "past the end".to_owned(), |s| format!("at {s}"));
+                cx.error_at(
+                    w.index_spans[d],
+                    format!("{what}: block index {c} along dim {d} starts {at} of an array of {a}"),
+                );
+            }
         }
     }
 }
@@ -985,7 +1038,6 @@ fn static_vmem(
     inputs: &[WindowModel],
     outputs: &[WindowModel],
     scratch: &[ScratchModel],
-    span: Span,
 ) {
     // The smallest element size the kernel may take: an overflow at it is one at every dtype.
     let elem = attrs
@@ -995,23 +1047,34 @@ fn static_vmem(
         .unwrap_or(4);
     let mut total = 0u64;
     let mut parts = Vec::new();
+    // The error points at the largest buffer.
+    let mut largest: Option<(u64, Span)> = None;
     for w in inputs.iter().chain(outputs) {
         let v: Option<Vec<u64>> = w.block.iter().map(|(s, _, _)| s.value(&names.tiles)).collect();
         if let Some(v) = v {
-            let bytes = 2 * v.iter().product::<u64>() * elem;
-            total += bytes;
+            // Saturating: past `u64::MAX` bytes is over the limit all the same.
+            let bytes = v.iter().fold(2 * elem, |a, &b| a.saturating_mul(b));
+            total = total.saturating_add(bytes);
             parts.push(format!("block `{}` {bytes}", w.name));
+            if largest.is_none_or(|(b, _)| bytes > b) {
+                largest = Some((bytes, w.span));
+            }
         }
     }
     for s in scratch {
         let v: Option<Vec<u64>> = s.dims.iter().map(|(d, _)| d.value(&names.tiles)).collect();
         if let Some(v) = v {
-            let bytes = v.iter().product::<u64>() * s.dtype.byte_size() as u64;
-            total += bytes;
+            let bytes = v.iter().fold(s.dtype.byte_size() as u64, |a, &b| a.saturating_mul(b));
+            total = total.saturating_add(bytes);
             parts.push(format!("scratch `{}` {bytes}", s.name));
+            if largest.is_none_or(|(b, _)| bytes > b) {
+                largest = Some((bytes, s.span));
+            }
         }
     }
-    if total > MAX_SCOPED_VMEM {
+    if let Some((_, span)) = largest
+        && total > MAX_SCOPED_VMEM
+    {
         cx.error_at(
             span,
             format!(
@@ -1073,19 +1136,29 @@ fn check_matmuls(
             );
             return;
         }
-        let (lk, rk) = (&ls[1], if transposed { &rs[1] } else { &rs[0] });
-        let same = match (lk.0.value(&names.tiles), rk.0.value(&names.tiles)) {
-            (Some(a), Some(b)) => a == b,
-            _ => lk.0.resolved(&names.tiles) == rk.0.resolved(&names.tiles),
+        let same = |a: &SizeExpr, b: &SizeExpr| {
+            let t = &names.tiles;
+            match (a.value(t), b.value(t)) {
+                (Some(a), Some(b)) => a == b,
+                _ => a.resolved(t) == b.resolved(t),
+            }
         };
-        if !same {
-            let which = if transposed { 1 } else { 0 };
-            let hint = if transposed { "`matmul`" } else { "`matmul_t` (rhs transposed)" };
+        let (which, other) = if transposed { (1, 0) } else { (0, 1) };
+        let (lk, rk) = (&ls[1], &rs[which]);
+        if !same(&lk.0, &rk.0) {
+            // The other form, when it would contract matching dims.
+            let hint = if !same(&lk.0, &rs[other].0) {
+                ""
+            } else if transposed {
+                " (did you mean `matmul`?)"
+            } else {
+                " (did you mean `matmul_t`, the rhs transposed?)"
+            };
             cx.error_spanned_by(
                 e,
                 format!(
                     "matmul shape mismatch: it contracts dim 1 of `{l}`'s block ({}) with dim \
-                     {which} of `{r}`'s block ({}); they must be the same size (did you mean {hint}?)",
+                     {which} of `{r}`'s block ({}); they must be the same size{hint}",
                     lk.1, rk.1
                 ),
             );
@@ -1107,10 +1180,16 @@ fn walk_block(
             syn::Stmt::Local(l) => {
                 if let Some(init) = &l.init {
                     walk_expr(&init.expr, lets, f, cx);
-                    if let syn::Pat::Ident(p) = &l.pat
-                        && let Some(block) = loaded_block(&init.expr, lets)
-                    {
-                        lets.insert(p.ident.to_string(), block);
+                    let pat = match &l.pat {
+                        syn::Pat::Type(t) => &*t.pat,
+                        p => p,
+                    };
+                    if let syn::Pat::Ident(p) = pat {
+                        // A rebinding to anything but a loaded block forgets the old one.
+                        match loaded_block(&init.expr, lets) {
+                            Some(block) => lets.insert(p.ident.to_string(), block),
+                            None => lets.remove(&p.ident.to_string()),
+                        };
                     }
                 }
             }

@@ -25,9 +25,17 @@ fn ui() {
     copy_fixtures();
     let t = trybuild::TestCases::new();
     t.pass("tests/ui/pass/*.rs");
-    for family in
-        ["keys", "op_names", "dtypes", "shapes", "statics", "signature", "import", "output"]
-    {
+    for family in [
+        "keys",
+        "op_names",
+        "dtypes",
+        "shapes",
+        "statics",
+        "signature",
+        "import",
+        "output",
+        "tiled",
+    ] {
         t.compile_fail(format!("tests/ui/{family}/*.rs"));
     }
 }

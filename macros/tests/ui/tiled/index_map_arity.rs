@@ -1,0 +1,21 @@
+use tpu_kernels::mosaic::dsl::Block;
+use tpu_kernels::tpu_kernel;
+
+// A grid of two axes, an index map of one grid index.
+#[tpu_kernel(
+    op = "mylib::k",
+    shapes(x = [M, N]),
+    output = same_as(x),
+    tiled(
+        tiles(bm = tile(M, 256, 8), bn = tile(N, 256, 128)),
+        grid = [M / bm, N / bn],
+        semantics = [parallel, parallel],
+        inputs(x = block([bm, bn], |i| (i, 0))),
+        outputs(o = block([bm, bn], |i, j| (i, j))),
+    ),
+)]
+pub fn k(x: Block, o: Block) {
+    o.store(x.load());
+}
+
+fn main() {}

@@ -1,0 +1,21 @@
+use tpu_kernels::mosaic::dsl::Block;
+use tpu_kernels::tpu_kernel;
+
+#[tpu_kernel(
+    op = "mylib::k",
+    shapes(x = [M, N]),
+    output = same_as(x),
+    tiled(
+        grid = [1],
+        semantics = [parallel],
+        inputs(x = block([M, N], |i| (0, 0))),
+        outputs(o = block([M, N], |i| (0, 0))),
+        scratch(acc = hbm(f32, [M, N])),
+    ),
+)]
+pub fn k(x: Block, o: Block, acc: Block) {
+    acc.store(x.load());
+    o.store(acc.load());
+}
+
+fn main() {}

@@ -1,0 +1,19 @@
+use tpu_kernels::mosaic::dsl::Block;
+use tpu_kernels::{Tensor, tpu_kernel};
+
+#[tpu_kernel(
+    op = "mylib::k",
+    shapes(x = [M, N]),
+    output = same_as(x),
+    tiled(
+        grid = [1],
+        semantics = [parallel],
+        inputs(x = block([M, N], |i| (0, 0))),
+        outputs(o = block([M, N], |i| (0, 0))),
+    ),
+)]
+pub fn k(x: Tensor, o: Block) {
+    let _ = (x, o);
+}
+
+fn main() {}
