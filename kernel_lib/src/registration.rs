@@ -954,7 +954,12 @@ pub mod macro_support {
                 if b == 0 {
                     return Err(format!("`{f}({a}, 0)`"));
                 }
-                Ok(if f == "cdiv" { a.div_ceil(b) } else { a.div_ceil(b) * b })
+                let up = a.div_ceil(b);
+                if f == "cdiv" {
+                    Ok(up)
+                } else {
+                    up.checked_mul(b).ok_or_else(|| format!("`round_up({a}, {b})` overflows"))
+                }
             }
             "tile" => {
                 let (d, max, align) = (arg(0)?, arg(1)?, arg(2)?);
@@ -1001,12 +1006,15 @@ pub mod macro_support {
         let outputs = reg.output_types(sig)?;
         let arrays: Vec<&TensorType> = sig.inputs.iter().chain(&outputs).collect();
         let mut bytes = 0u64;
+        let size = |dims: &[u64], elem: u64| {
+            dims.iter().try_fold(elem, |acc, d| acc.checked_mul(*d)).unwrap_or(u64::MAX)
+        };
         for ((a, b), v) in arrays.iter().zip(blocks).zip(views) {
             tiled_view(a, v)?;
-            bytes += 2 * b.iter().product::<u64>() * a.dtype.byte_size() as u64;
+            bytes = bytes.saturating_add(size(b, 2 * a.dtype.byte_size() as u64));
         }
         for (s, e) in scratch.iter().zip(scratch_elem) {
-            bytes += s.iter().product::<u64>() * e;
+            bytes = bytes.saturating_add(size(s, *e));
         }
         let limit = crate::mosaic::Target::V5E;
         if bytes > limit.scoped_vmem_bytes {

@@ -68,6 +68,8 @@ pub struct WindowModel {
 pub struct ScratchModel {
     pub name: String,
     pub span: Span,
+    /// In SMEM (scalar memory, one element at a time) rather than VMEM.
+    pub smem: bool,
     pub dtype: DType,
     pub dims: Vec<(SizeExpr, String)>,
 }
@@ -903,23 +905,14 @@ pub fn check(
 
 fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, id: &Ident, e: &Expr) -> Option<ScratchModel> {
     let n = &id.unraw().to_string();
-    let form = "a scratch buffer is `vmem(f32, [bm, bn])`";
+    let form = "a scratch buffer is `vmem(f32, [bm, bn])` or `smem(i32, [n])`";
     let Expr::Call(c) = e else {
         cx.error_spanned_by(e, form);
         return None;
     };
-    match expr_ident(&c.func).as_deref() {
-        Some("vmem") => {}
-        Some("smem") => {
-            cx.error_spanned_by(
-                &c.func,
-                format!(
-                    "scratch `{n}` in SMEM: the body has no scalar loads and stores yet, so an \
-                     SMEM buffer could not be used; keep it in `vmem(...)`"
-                ),
-            );
-            return None;
-        }
+    let smem = match expr_ident(&c.func).as_deref() {
+        Some("vmem") => false,
+        Some("smem") => true,
         _ => {
             cx.error_spanned_by(
                 &c.func,
@@ -930,7 +923,7 @@ fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, id: &Ident, e: &Expr) -> Optio
             );
             return None;
         }
-    }
+    };
     let args: Vec<&Expr> = c.args.iter().collect();
     let [dt, shape] = args.as_slice() else {
         cx.error_spanned_by(c, format!("scratch `{n}`: {form}"));
@@ -943,6 +936,16 @@ fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, id: &Ident, e: &Expr) -> Optio
         );
         return None;
     };
+    if smem && !matches!(dtype, DType::I32 | DType::F32) {
+        cx.error_spanned_by(
+            dt,
+            format!(
+                "scratch `{n}` in SMEM holds 32-bit scalars (i32 or f32), not {}",
+                dtype.short_name()
+            ),
+        );
+        return None;
+    }
     let Expr::Array(a) = shape else {
         cx.error_spanned_by(shape, format!("scratch `{n}`: its shape is a list of sizes"));
         return None;
@@ -955,7 +958,7 @@ fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, id: &Ident, e: &Expr) -> Optio
     for d in &a.elems {
         dims.push((names.size(cx, d)?, d.to_token_stream().to_string()));
     }
-    Some(ScratchModel { name: n.to_owned(), span: id.span(), dtype, dims })
+    Some(ScratchModel { name: n.to_owned(), span: id.span(), smem, dtype, dims })
 }
 
 fn static_window_checks(
@@ -1061,7 +1064,8 @@ fn static_vmem(
             }
         }
     }
-    for s in scratch {
+    // SMEM scratch is not VMEM.
+    for s in scratch.iter().filter(|s| !s.smem) {
         let v: Option<Vec<u64>> = s.dims.iter().map(|(d, _)| d.value(&names.tiles)).collect();
         if let Some(v) = v {
             let bytes = v.iter().fold(s.dtype.byte_size() as u64, |a, &b| a.saturating_mul(b));
@@ -1324,11 +1328,12 @@ pub fn generate(
     for (i, o) in &t.aliases {
         lets.push(quote!(__t.alias(#i, #o)?;));
     }
-    for (i, _) in t.scratch.iter().enumerate() {
+    for (i, s) in t.scratch.iter().enumerate() {
         let v = format_ident!("__scratch_{}", i);
         let d = &scratch_dtypes[i];
+        let space = if s.smem { quote!(smem) } else { quote!(vmem) };
         lets.push(quote! {
-            let #v = __t.scratch(#p::MType::vmem(#d, &__plan.scratch[#i]))?;
+            let #v = __t.scratch(#p::MType::#space(#d, &__plan.scratch[#i]))?;
         });
     }
     let mut call_args = Vec::new();
@@ -1363,7 +1368,8 @@ pub fn generate(
     let question = if t.fallible { quote!(?) } else { TokenStream::new() };
     let all_blocks = in_blocks.iter().chain(&out_blocks);
     let all_views = in_views.iter().chain(&out_views);
-    let elem_sizes = t.scratch.iter().map(|s| s.dtype.byte_size() as u64);
+    // Bytes per element of each scratch buffer in VMEM (SMEM buffers count 0).
+    let elem_sizes = t.scratch.iter().map(|s| if s.smem { 0 } else { s.dtype.byte_size() as u64 });
     let entry = quote! {
         /// The tile sizes, grid, blocks and views of one signature.
         struct __Plan {

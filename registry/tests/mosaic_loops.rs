@@ -247,3 +247,50 @@ fn smem_scratch_is_read_and_written_one_element_at_a_time() {
     let e = bad.finish().unwrap_err();
     assert!(e.message.contains("needs a VMEM memref"), "{e}");
 }
+
+/// The SMEM counter of [`smem_counter`], declared with the macro: `smem(i32, [1])` scratch.
+#[tpu_kernels::tpu_kernel(
+    op = "looptest::scale_by_block_count",
+    shapes(x = [M, N]),
+    require(M % 64 == 0),
+    output = same_as(x),
+    tiled(
+        grid = [M / 64],
+        semantics = [arbitrary],
+        inputs(x = block([64, N], |i| (i, 0))),
+        outputs(o = block([64, N], |i| (i, 0))),
+        scratch(count = smem(i32, [1])),
+    ),
+    canonical = ["f32[256,128]"],
+)]
+fn scale_by_block_count(
+    k: &Tiled,
+    x: tpu_kernels::mosaic::Block,
+    o: tpu_kernels::mosaic::Block,
+    count: tpu_kernels::mosaic::Block,
+) {
+    k.when(k.program_id(0).eq(0), || count.set(&[0], k.index(0)));
+    count.set(&[0], count.get(&[0]) + 1);
+    let shape = o.shape();
+    o.store(x.load() * count.get(&[0]).cast(DType::F32).broadcast_to(&shape));
+}
+
+#[test]
+fn the_macro_declares_smem_scratch() {
+    let sig = scale_by_block_count::REGISTRATION.parse_signature("f32[256,128]").unwrap();
+    let kernel = scale_by_block_count::kernel(&sig).unwrap();
+    assert_eq!(kernel.scratch, vec![tpu_kernels::mosaic::MType::smem(DType::I32, &[1])]);
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let x: Vec<f32> = (0..256 * 128).map(|i| (i % 7) as f32).collect();
+    let exe = client
+        .compile(
+            &Program::text(scale_by_block_count::module(&sig).unwrap().to_text()),
+            &CompileOptions::new(),
+        )
+        .unwrap();
+    let buf = client.buffer_from_host(&x, &[256, 128]).unwrap();
+    let out = exe.execute(&[&buf]).unwrap()[0].to_vec::<f32>().unwrap();
+    let want: Vec<f64> =
+        x.iter().enumerate().map(|(i, v)| f64::from(*v) * ((i / (64 * 128)) + 1) as f64).collect();
+    assert_close("scale_by_block_count twin", &out, &want, Tolerance::new(0.0, 0.0));
+}

@@ -10,7 +10,7 @@ use tpu_kernels::tpu_kernel;
         semantics = [parallel],
         inputs(x = block([M, N], |i| (0, 0))),
         outputs(o = block([M, N], |i| (0, 0))),
-        scratch(flags = smem(i32, [8])),
+        scratch(flags = smem(bf16, [8])),
     ),
 )]
 pub fn k(x: Block, o: Block, flags: Block) {
