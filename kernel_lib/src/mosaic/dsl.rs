@@ -18,6 +18,24 @@
 //! # let _ = body;
 //! ```
 //!
+//! What a body can do, with the Pallas spelling it stands for:
+//!
+//! | here | Pallas / JAX |
+//! |---|---|
+//! | `x.load()`, `o.store(v)` | `x_ref[...]`, `o_ref[...] = v` |
+//! | `x.load_at(&[ds(i, 8), all()])`, `o.store_at(&[ds(i, 8), all()], v)` | `x_ref[pl.ds(i, 8), :]`, `o_ref[pl.ds(i, 8), :] = v` |
+//! | `(i * 8).multiple_of(8)` | `pl.multiple_of(i * 8, 8)` |
+//! | `s.get(&[0])`, `s.set(&[0], v)` on SMEM scratch | `s_ref[0]`, `s_ref[0] = v` |
+//! | `k.program_id(a)`, `k.num_programs(a)` | `pl.program_id(a)`, `pl.num_programs(a)` |
+//! | `k.when(c, \|\| ...)` | `@pl.when(c)` |
+//! | `k.fori(0, n, \|i\| ...)` | `jax.lax.fori_loop(0, n, ...)` (no carry: state lives in refs) |
+//! | `a.matmul(b)`, `a.matmul_t(b)` | `jnp.dot(a, b, preferred_element_type=f32)`, `a @ b.T` |
+//! | `x.sum(-1)`, `x.amax(-1)` (dims kept) | `x.sum(-1, keepdims=True)`, `x.max(...)` |
+//! | `k.iota(&[8, 128], 1)` | `jax.lax.broadcasted_iota(jnp.int32, (8, 128), 1)` |
+//! | `x.cast(DType::F32)` | `x.astype(jnp.float32)` (float to float, int to float) |
+//! | `c.select(a, b)`, `x.lt(y)`, `x.maximum(0.0)` | `jnp.where(c, a, b)`, `x < y`, `jnp.maximum(x, 0.0)` |
+//! | `exp`, `log`, `tanh`, `sqrt`, `rsqrt`, `erf`, `abs`, `sigmoid`, `recip` | `jnp.exp`, ... |
+//!
 //! Operators and methods do not return `Result`: the first error (a dtype or shape mismatch, a
 //! block stored with the wrong type) is recorded with the Rust line that made it, every later
 //! op is skipped, and [`Tiled::finish`] returns it. Each op records its caller's file and line,
