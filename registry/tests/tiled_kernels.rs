@@ -1,9 +1,9 @@
 //! The registered tiled kernels (`#[tpu_kernel(tiled(...))]`) at every canonical signature:
 //! libtpu compiles both printed Mosaic forms for v5e and v6e; on the CPU the twin, the
-//! interpreter of the printed text and the StableHLO kernel of the same op agree; selection
-//! takes the tiled variant on a TPU and when forced, the StableHLO one on the CPU otherwise;
-//! a signature a tiled plan refuses is declined; and a tiled kernel that breaks the tiling rule
-//! or the VMEM budget is refused at registration, leaving the registry unchanged.
+//! interpreter of the printed text (either form) and the StableHLO kernel of the same op agree;
+//! selection takes the tiled variant on a TPU and when forced, the StableHLO one on the CPU
+//! otherwise; a signature a tiled plan refuses is declined; and a tiled kernel that breaks the
+//! tiling rule or the VMEM budget is refused at registration, leaving the registry unchanged.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 use tpu_kernels::mosaic::{Form, IndexExpr, Semantics, TiledBuilder, custom_call_module_for};
@@ -111,13 +111,14 @@ fn twin_interpreter_and_stablehlo_kernel_agree_on_the_cpu() {
             let outputs = record.output_types(&sig).unwrap();
             let f64s: Vec<Vec<f64>> =
                 sig.inputs.iter().zip(&data).map(|(t, d)| as_f64(t, d)).collect();
-            for form in [Form::Readable] {
+            for form in [Form::Readable, Form::Shipped] {
                 let text = custom_call_module_for(&built, form, &sig.inputs, &outputs);
                 let interpreted = tpu_kernels::mosaic::interpret(&text, &f64s)
-                    .unwrap_or_else(|e| panic!("{what}: interpreter: {e}"));
-                assert_eq!(interpreted.len(), twin.len(), "{what}");
+                    .unwrap_or_else(|e| panic!("{what} ({form:?}): interpreter: {e}"));
+                assert_eq!(interpreted.len(), twin.len(), "{what} ({form:?})");
                 for (a, b) in interpreted.iter().zip(&twin) {
-                    assert_close(&format!("{what}: interpreter vs twin"), a, b, tolerance(&sig));
+                    let label = format!("{what}: interpreter ({form:?}) vs twin");
+                    assert_close(&label, a, b, tolerance(&sig));
                 }
             }
 

@@ -14,8 +14,9 @@
 //! libtpu upgrades across releases), and [`custom_call_module`] the StableHLO module with the
 //! `tpu_custom_call` XLA compiles for a TPU; [`cpu_twin`] lowers the same kernel to plain StableHLO with Pallas interpret-mode
 //! semantics (a loop over the grid, windows sliced and written back, scratch carried), which
-//! the PJRT CPU plugin runs; [`interpret`] parses the printed module back and runs it on the
-//! CPU, so a printing bug cannot hide behind a twin made from the same description.
+//! the PJRT CPU plugin runs; [`interpret`] parses the printed module back (in either form) and
+//! runs it on the CPU, so a printing bug cannot hide behind a twin made from the same
+//! description.
 //!
 //! The IR shares the StableHLO IR's machinery: [`crate::ir::ValueId`] and
 //! [`crate::ir::RegionId`] index its arenas, and the printers share symbol quoting, string
