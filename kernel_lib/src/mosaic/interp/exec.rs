@@ -242,6 +242,14 @@ fn offsets(
     Ok(at.into_iter().map(|o| o as u64).collect())
 }
 
+/// The flat index of the element a scalar load's or store's indices (the operands after the
+/// memref) pick in `memref`.
+fn element(env: &Env, ins: &Instr, memref: &Val) -> Result<usize, String> {
+    let first = ins.operands.len() - memref.ty.shape().len();
+    let at = offsets(env, ins, first, memref, &vec![1; memref.ty.shape().len()])?;
+    Ok(at.iter().zip(strides(memref.ty.shape())).map(|(i, s)| i * s).sum::<u64>() as usize)
+}
+
 /// Runs `body` in `env`; the values of the `func.return` it ends with, if it reaches one.
 pub(super) fn run(env: &mut Env, body: &[Instr]) -> Result<Option<Vec<Val>>, String> {
     for ins in body {
@@ -273,6 +281,15 @@ pub(super) fn run(env: &mut Env, body: &[Instr]) -> Result<Option<Vec<Val>>, Str
                     }
                     i += step;
                 }
+                continue;
+            }
+            Kind::ScalarStore => {
+                let v = get(env, ins, 0)?.data[0];
+                let m = get(env, ins, 1)?;
+                let i = element(env, ins, m)?;
+                let dtype = m.ty.dtype();
+                let m = env.get_mut(&ins.operands[1]).ok_or_else(|| ins.at.error("no memref"))?;
+                m.data[i] = round(v, dtype);
                 continue;
             }
             Kind::Store => {
@@ -337,6 +354,10 @@ fn eval(env: &Env, ins: &Instr, kind: &Kind) -> Result<Val, String> {
             let at = offsets(env, ins, 1, m, ty.shape())?;
             Val { ty: ty.clone(), data: read_block(&m.data, m.ty.shape(), ty.shape(), &at) }
         }
+        Kind::ScalarLoad => {
+            let m = x(0)?;
+            Val { ty: ty.clone(), data: vec![m.data[element(env, ins, m)?]] }
+        }
         Kind::Reduce { combiner, dims } => reduce(x(0)?, x(1)?, dims, *combiner, ty),
         Kind::Matmul { lhs, rhs } => matmul(x(0)?, x(1)?, x(2)?, *lhs, *rhs),
         Kind::Iota { dim } => {
@@ -357,7 +378,12 @@ fn eval(env: &Env, ins: &Instr, kind: &Kind) -> Result<Val, String> {
             }
             v.clone()
         }
-        Kind::Store | Kind::If { .. } | Kind::For { .. } | Kind::Yield | Kind::Return => {
+        Kind::Store
+        | Kind::ScalarStore
+        | Kind::If { .. }
+        | Kind::For { .. }
+        | Kind::Yield
+        | Kind::Return => {
             return ins.at.fail("not a value");
         }
     })

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use crate::types::DType;
 
-use super::super::types::MType;
+use super::super::types::{MType, MemorySpace};
 use super::text::{At, Attrs, bool_attr, constant, dense_array, enum_attr, int_list, list_attr};
 
 /// An op as MLIR's generic syntax has it.
@@ -113,6 +113,10 @@ pub(super) enum Family {
     Cast,
     Load,
     Store,
+    /// `memref.load %m[indices] : M`.
+    ScalarLoad,
+    /// `memref.store %v, %m[indices] : M`.
+    ScalarStore,
     Reduce,
     Matmul,
     Iota,
@@ -197,6 +201,8 @@ pub(super) fn family(name: &str) -> Option<Family> {
         "arith.select" => Family::Select,
         "vector.load" => Family::Load,
         "tpu.vector_store" => Family::Store,
+        "memref.load" => Family::ScalarLoad,
+        "memref.store" => Family::ScalarStore,
         "vector.multi_reduction" => Family::Reduce,
         "tpu.matmul" => Family::Matmul,
         "tpu.iota" => Family::Iota,
@@ -241,6 +247,10 @@ pub(super) enum Kind {
     Load,
     /// `tpu.vector_store %value, %memref[indices]`.
     Store,
+    /// `memref.load %memref[indices]`: one element.
+    ScalarLoad,
+    /// `memref.store %value, %memref[indices]`: one element.
+    ScalarStore,
     Reduce {
         combiner: Combiner,
         dims: Vec<usize>,
@@ -406,6 +416,15 @@ fn same_shape(a: &MType, b: &MType) -> bool {
     a.is_vector() == b.is_vector() && a.shape() == b.shape()
 }
 
+fn in_space(t: &MType, space: MemorySpace) -> bool {
+    matches!(t, MType::MemRef { space: s, .. } if *s == space)
+}
+
+/// `indices` are one `index` per dim of `memref`.
+fn indexes(memref: &MType, indices: &[MType]) -> bool {
+    indices.len() == memref.shape().len() && indices.iter().all(|t| *t == MType::Index)
+}
+
 fn float(t: &MType) -> bool {
     t.dtype().is_some_and(DType::is_float)
 }
@@ -562,7 +581,7 @@ fn decode(g: &mut Generic, scope: &mut Scope) -> Result<Kind, String> {
                 return fail("a load takes a memref and its indices".into());
             }
             let (m, v) = (&g.operand_types[0], &g.result_types[0]);
-            if !m.is_memref()
+            if !in_space(m, MemorySpace::Vmem)
                 || !v.is_vector()
                 || m.dtype() != v.dtype()
                 || m.shape().len() != v.shape().len()
@@ -579,7 +598,7 @@ fn decode(g: &mut Generic, scope: &mut Scope) -> Result<Kind, String> {
             }
             let (v, m) = (&g.operand_types[0], &g.operand_types[1]);
             let rank = m.shape().len();
-            if !m.is_memref()
+            if !in_space(m, MemorySpace::Vmem)
                 || !v.is_vector()
                 || m.dtype() != v.dtype()
                 || rank != v.shape().len()
@@ -606,6 +625,34 @@ fn decode(g: &mut Generic, scope: &mut Scope) -> Result<Kind, String> {
                 return fail("`add = true` is not read".into());
             }
             Kind::Store
+        }
+        Family::ScalarLoad => {
+            if g.results.len() != 1 || g.operands.is_empty() {
+                return fail("a load takes a memref and its indices".into());
+            }
+            let (m, r) = (&g.operand_types[0], &g.result_types[0]);
+            let element = m.dtype().map(MType::Scalar);
+            if !in_space(m, MemorySpace::Smem)
+                || element.as_ref() != Some(r)
+                || !indexes(m, &g.operand_types[1..])
+            {
+                return fail(format!("not a load of one {r} from SMEM {m} at index indices"));
+            }
+            Kind::ScalarLoad
+        }
+        Family::ScalarStore => {
+            if !g.results.is_empty() || g.operands.len() < 2 {
+                return fail("a store takes a value, a memref and its indices".into());
+            }
+            let (v, m) = (&g.operand_types[0], &g.operand_types[1]);
+            let element = m.dtype().map(MType::Scalar);
+            if !in_space(m, MemorySpace::Smem)
+                || element.as_ref() != Some(v)
+                || !indexes(m, &g.operand_types[2..])
+            {
+                return fail(format!("not a store of one {v} into SMEM {m} at index indices"));
+            }
+            Kind::ScalarStore
         }
         Family::Reduce => {
             arity(g, 2, 1)?;

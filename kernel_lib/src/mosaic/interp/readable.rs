@@ -218,6 +218,18 @@ fn op(p: &mut Lines, at: At) -> Result<Generic, String> {
         g.attrs = attrs;
         return Ok(g);
     }
+    if let Some(r) = l.strip_prefix("memref.store ") {
+        // `%v, %m[%i] : M`.
+        let (head, ty) = r.rsplit_once(" : ").ok_or_else(|| e("no memref type".into()))?;
+        let (value, acc) = head.split_once(", ").ok_or_else(|| e("no value".into()))?;
+        let (memref, indices) = access(acc).map_err(e)?;
+        let m = parse_type(ty).map_err(e)?;
+        let element = MType::Scalar(m.dtype().unwrap_or(DType::I32));
+        let n = indices.len();
+        let operands = [value_name(value).map_err(e)?, memref].into_iter().chain(indices);
+        let types = [element, m].into_iter().chain(std::iter::repeat_n(MType::Index, n));
+        return Ok(generic(at, "memref.store", operands.collect(), types.collect()));
+    }
     let (result, rhs) = l.split_once(" = ").ok_or_else(|| e("cannot read this line".into()))?;
     let result = value_name(result).map_err(e)?;
     let (name, rest) = rhs.split_once(' ').unwrap_or((rhs, ""));
@@ -273,6 +285,15 @@ fn op(p: &mut Lines, at: At) -> Result<Generic, String> {
             let types = std::iter::once(m).chain(std::iter::repeat_n(MType::Index, indices.len()));
             (std::iter::once(memref).chain(indices).collect(), types.collect(), v)
         }
+        Family::ScalarLoad => {
+            // `%m[%i] : M`.
+            let (acc, ty) = rest.rsplit_once(" : ").ok_or_else(|| e("no memref type".into()))?;
+            let (memref, indices) = access(acc).map_err(e)?;
+            let m = parse_type(ty).map_err(e)?;
+            let element = MType::Scalar(m.dtype().unwrap_or(DType::I32));
+            let types = std::iter::once(m).chain(std::iter::repeat_n(MType::Index, indices.len()));
+            (std::iter::once(memref).chain(indices).collect(), types.collect(), element)
+        }
         Family::Reduce => {
             // `<add>, %x, %acc [1] : X to A`.
             let (head, tys) = rest.split_once(" : ").ok_or_else(|| e("no types".into()))?;
@@ -322,7 +343,12 @@ fn op(p: &mut Lines, at: At) -> Result<Generic, String> {
             let types = parse_types(ins).map_err(e)?;
             (value_names(ops).map_err(e)?, types, parse_type(out).map_err(e)?)
         }
-        Family::If | Family::For | Family::Yield | Family::Return | Family::Store => {
+        Family::If
+        | Family::For
+        | Family::Yield
+        | Family::Return
+        | Family::Store
+        | Family::ScalarStore => {
             return at.fail(format!("`{name}` gives no result"));
         }
     };

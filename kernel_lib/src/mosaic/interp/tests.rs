@@ -5,7 +5,7 @@ use super::{decode_base64, interpret};
 use crate::mosaic::dsl::{Tiled, all, ds};
 use crate::mosaic::wrap::base64;
 use crate::mosaic::{
-    Form, IndexExpr, Kernel, Semantics, TiledBuilder, custom_call_module_as, print_kernel,
+    Form, IndexExpr, Kernel, MType, Semantics, TiledBuilder, custom_call_module_as, print_kernel,
     print_kernel_serialized,
 };
 use crate::types::{DType, TensorType};
@@ -84,6 +84,23 @@ fn strided() -> Kernel {
     k.finish().unwrap()
 }
 
+/// `o[block b] = x[block b] * (b + 1)`, the factor counted in an SMEM scratch buffer carried
+/// across the sequential grid steps.
+fn smem_counter() -> Kernel {
+    let tt = t(DType::F32, &[256, 128]);
+    let k = Tiled::new("smem_counter", &[4], &[Semantics::Arbitrary]).unwrap();
+    let map = [Grid(0), Const(0)];
+    let x = k.input(tt.clone(), &[64, 128], &map).unwrap();
+    let o = k.output(tt, &[64, 128], &map).unwrap();
+    let count = k.scratch(MType::smem(DType::I32, &[2])).unwrap();
+    k.when(k.program_id(0).eq(0), || count.set(&[1], k.index(0)));
+    let next = count.get(&[1]) + 1;
+    count.set(&[1], next);
+    let factor = count.get(&[1]).cast(DType::F32).broadcast_to(&[64, 128]);
+    o.store(x.load() * factor);
+    k.finish().unwrap()
+}
+
 /// The kernel's inputs.
 fn inputs(k: &Kernel) -> Vec<Vec<f64>> {
     k.inputs()
@@ -156,6 +173,16 @@ fn both_forms_run_loops_over_dynamic_slices() {
     assert_near("strided", &out[0], &want, 0.0);
 }
 
+#[test]
+fn both_forms_carry_an_smem_counter_across_grid_steps() {
+    let k = smem_counter();
+    let x = inputs(&k);
+    let out = both(&k, &x);
+    let want: Vec<f64> =
+        x[0].iter().enumerate().map(|(i, v)| v * ((i / (64 * 128)) + 1) as f64).collect();
+    assert_near("smem_counter", &out[0], &want, 0.0);
+}
+
 /// `k`'s module in `form` with the first `from` of its body replaced by `to`.
 fn corrupted(k: &Kernel, form: Form, from: &str, to: &str) -> String {
     let body = match form {
@@ -169,7 +196,7 @@ fn corrupted(k: &Kernel, form: Form, from: &str, to: &str) -> String {
 
 #[test]
 fn a_text_no_printer_writes_is_refused_with_its_line() {
-    let (ops, prod, loops) = (every_op(), products(), strided());
+    let (ops, prod, loops, smem) = (every_op(), products(), strided(), smem_counter());
     let shipped_tanh = print_kernel_serialized(&ops)
         .lines()
         .find(|l| l.contains("\"stable_mosaic.math.tanh\""))
@@ -249,6 +276,13 @@ fn a_text_no_printer_writes_is_refused_with_its_line() {
             "Missing or invalid version",
         ),
         (&loops, Form::Readable, ", 8 : i32", ", 16 : i32".into(), "is not the multiple of 16"),
+        (
+            &smem,
+            Form::Shipped,
+            "\"stable_mosaic.memref.load\"(%arg3, %",
+            "\"stable_mosaic.memref.load\"(%arg2, %".into(),
+            "`%arg2` has type memref<64x128xf32",
+        ),
         (
             &loops,
             Form::Shipped,
