@@ -1,6 +1,6 @@
 //! Counted loops, dynamic sub-slices of blocks with multiple-of hints, `iota` and integer to
 //! float casts in tiled kernels: libtpu compiles them (both printed forms, v5e and v6e), and
-//! the CPU twin computes what an f64 reference says.
+//! the CPU twin and the interpreter of both printed forms compute what an f64 reference says.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 use tpu_kernels::mosaic::dsl::{Tiled, all, ds};
@@ -9,6 +9,15 @@ use tpu_kernels::{DType, TensorType};
 use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
 use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+
+/// The kernel's printed module in both forms, read back by the interpreter, against `want`.
+fn interpreted_matches(kernel: &Kernel, inputs: &[Vec<f64>], want: &[f64], tol: Tolerance) {
+    for form in [Form::Readable, Form::Shipped] {
+        let out = tpu_kernels::mosaic::interpret(&custom_call_module_as(kernel, form), inputs)
+            .unwrap_or_else(|e| panic!("{} {form:?}: {e}", kernel.name));
+        assert_close(&format!("{} interpreter ({form:?})", kernel.name), &out[0], want, tol);
+    }
+}
 
 const ROWS: u64 = 256;
 const COLS: u64 = 256;
@@ -98,6 +107,8 @@ fn the_twin_runs_the_loop_over_dynamic_slices() {
     let out = exe.execute(&[&buf]).unwrap()[0].to_vec::<f32>().unwrap();
     let want = reference(&x.iter().map(|v| f64::from(*v)).collect::<Vec<_>>());
     assert_close("strided_rows twin", &out, &want, Tolerance::new(1e-6, 1e-6));
+    let x64: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
+    interpreted_matches(&k, &[x64], &want, Tolerance::new(1e-6, 1e-6));
 }
 
 #[test]
@@ -173,6 +184,8 @@ fn an_aliased_output_keeps_the_blocks_the_grid_does_not_write() {
         )
         .collect();
     assert_close("double_rows_in_place twin", &out, &want, Tolerance::new(0.0, 0.0));
+    let x64: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
+    interpreted_matches(&kernel, &[x64], &want, Tolerance::new(0.0, 0.0));
 }
 
 #[test]
@@ -236,6 +249,8 @@ fn smem_scratch_is_read_and_written_one_element_at_a_time() {
         .map(|(i, v)| f64::from(*v) * ((i / (BLOCK * COLS) as usize) + 1) as f64)
         .collect();
     assert_close("smem_counter twin", &out, &want, Tolerance::new(0.0, 0.0));
+    let x64: Vec<f64> = x.iter().map(|v| f64::from(*v)).collect();
+    interpreted_matches(&k, &[x64], &want, Tolerance::new(0.0, 0.0));
     // A vector load from SMEM is refused, naming the op.
     let t = TensorType::new(DType::F32, [8, 128]);
     let bad = Tiled::new("vector_from_smem", &[1], &[Semantics::Parallel]).unwrap();

@@ -254,7 +254,9 @@ impl TiledBuilder {
             results.push(ValueId((self.kernel.values.len() - 1) as u32));
         }
         let region = *self.stack.last().unwrap_or(&RegionId(0));
-        let loc = self.at.unwrap_or_else(|| Loc::of(std::panic::Location::caller()));
+        // The caller's location, taken here: `#[track_caller]` does not reach into a closure.
+        let caller = Loc::of(std::panic::Location::caller());
+        let loc = self.at.unwrap_or(caller);
         let region = &mut self.kernel.regions[region.0 as usize];
         region.instrs.push(Instr { op, results: results.clone() });
         region.locs.push(loc);
