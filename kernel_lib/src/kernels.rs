@@ -1,4 +1,4 @@
-//! The standard kernels, declared with [`tpu_kernel`](crate::tpu_kernel) like any other.
+//! The standard kernels, declared with [`tpu_kernel`] like any other.
 //!
 //! Every kernel computes in f32 when given a 16-bit float (bf16, f16) and rounds once at the end,
 //! as PyTorch's CPU kernels do; reductions accumulate in f32 too. Each kernel's parameters bind
@@ -128,7 +128,7 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
     (normed * upcast(weight)).cast(x.dtype())
 }
 
-/// Gradient of [`rms_norm`] for `grad`, the gradient of its output: `(dx, dweight)`.
+/// Gradient of [`fn@rms_norm`] for `grad`, the gradient of its output: `(dx, dweight)`.
 ///
 /// With `r = rsqrt(mean(x², -1) + eps)` and `gw = grad * weight`:
 /// `dx = r * gw - x * r³ * mean(gw * x, -1)` and `dweight = sum(grad * x * r)` over every
@@ -341,7 +341,7 @@ pub fn swiglu(gate: Tensor, up: Tensor) -> Result<Tensor, BuildError> {
     Ok((gf * gf.sigmoid() * uf).cast(gate.dtype()))
 }
 
-/// Gradient of [`swiglu`] for `grad`, the gradient of its output: `(dgate, dup)`.
+/// Gradient of [`fn@swiglu`] for `grad`, the gradient of its output: `(dgate, dup)`.
 ///
 /// With `s = sigmoid(gate)`: `dgate = grad * up * s * (1 + gate * (1 - s))` and
 /// `dup = grad * gate * s`. Computed in f32 for 16-bit inputs.
@@ -405,7 +405,7 @@ pub fn cross_entropy(logits: Tensor, target: Tensor) -> Result<Tensor, BuildErro
     Ok((-picked.sum(&[1], false).mean(&[0], false)).cast(logits.dtype()))
 }
 
-/// Gradient of [`cross_entropy`] for `grad`, the gradient of its scalar output:
+/// Gradient of [`fn@cross_entropy`] for `grad`, the gradient of its scalar output:
 /// `(dlogits, dtarget)`.
 ///
 /// `dlogits = grad * (softmax(logits) - one_hot(target)) / N`. `grad` is the loss's gradient:

@@ -103,7 +103,7 @@ pub fn log_softmax_backward(
     Ok((g - y.exp() * g.sum(&[dim], true)).cast(output.dtype()))
 }
 
-/// Gradient of [`layer_norm`](super::layer_norm) (`aten::native_layer_norm` over the last
+/// Gradient of [`layer_norm`](fn@super::layer_norm) (`aten::native_layer_norm` over the last
 /// dimension): `(grad_input, grad_weight, grad_bias)`.
 ///
 /// From the forward's saved `mean` and `rstd` (as PyTorch does: the op has no `eps` to

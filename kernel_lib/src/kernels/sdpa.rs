@@ -471,7 +471,7 @@ pub fn sdpa_flash_cpu_masked_backward(
 /// Attention as one op: `softmax(query @ key^T * scale + mask) @ value`, with an additive
 /// `mask` (f32 or the query's type; a large negative value masks out) broadcastable to
 /// `[B, H, L, S]`, `is_causal` adding the top-left causal mask. Its backward,
-/// [`attention_backward`], recomputes the softmax and also gives the mask its gradient.
+/// [`fn@attention_backward`], recomputes the softmax and also gives the mask its gradient.
 #[tpu_kernel(
     op = "tpuk::attention",
     dtypes = [f32, bf16, f16],
@@ -500,7 +500,7 @@ pub fn attention(
     Ok(a.forward()?.0.cast(query.dtype()))
 }
 
-/// Gradient of [`attention`] for `grad`: `(dquery, dkey, dvalue, dmask)`, `dmask` of the
+/// Gradient of [`fn@attention`] for `grad`: `(dquery, dkey, dvalue, dmask)`, `dmask` of the
 /// mask's shape (the scores' gradient summed over the dimensions the mask broadcasts along).
 #[tpu_kernel(
     op = "tpuk::attention_backward",

@@ -83,7 +83,7 @@ pub fn tiled_matmul_bias_act(
     });
 }
 
-/// `act(x @ weight)` in blocks, as [`tiled_matmul_bias_act`] without the bias.
+/// `act(x @ weight)` in blocks, as [`fn@tiled_matmul_bias_act`] without the bias.
 #[tpu_kernel(
     op = "tpuk::matmul_act",
     dtypes = [f32, bf16],

@@ -1,7 +1,7 @@
 //! The typed, fallible builder of Mosaic kernels.
 //!
 //! Declare the grid, then the windows (inputs, then outputs) and scratch buffers, then write the
-//! body: every op infers its result type with [`infer`](super::ir::infer) and refuses operands it
+//! body: every op infers its result type with [`infer`](super::ir::infer()) and refuses operands it
 //! cannot take with a [`BuildError`] naming the kernel, the op and the types. [`finish`]
 //! verifies the kernel and checks its tiling and coverage (see [`check`](super::check)).
 //!

@@ -269,7 +269,7 @@ impl<T: NativeType> fmt::Debug for AlignedHostBuffer<T> {
 /// The on-delete callback of a host-memory view: its memory belongs to the caller.
 unsafe extern "C" fn view_released(_data: *mut std::ffi::c_void, _arg: *mut std::ffi::c_void) {}
 
-/// The alignment [`Client::view_of_host_bytes`] asks of host data: the CPU plugin refuses views
+/// The alignment `Client::view_of_host_bytes` asks of host data: the CPU plugin refuses views
 /// of data less aligned (`is not aligned to 64 bytes`). PyTorch's and NumPy's allocators give
 /// 64 bytes; a view into the middle of a tensor may be less aligned (and is copied).
 pub const VIEW_ALIGNMENT: usize = 64;

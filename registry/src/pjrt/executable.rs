@@ -361,7 +361,7 @@ impl LoadedExecutable {
 
     /// Runs on its single device and waits; borrowed arguments are never donated.
     ///
-    /// The eager path's call: the same checks and C API call as [`execute_with`]
+    /// The eager path's call: the same checks and C API call as [`Self::execute_with`]
     /// (Self::execute_with), with flat argument arrays for one device.
     pub fn execute(&self, args: &[&Buffer]) -> Result<Vec<Buffer>> {
         if self.devices.len() != 1 {
