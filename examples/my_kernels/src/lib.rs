@@ -45,7 +45,7 @@ pub fn scaled_silu(x: Tensor, scale: f64) -> Tensor {
     (xf * xf.sigmoid() * scale).cast(x.dtype())
 }
 
-/// The gradient of [`scaled_silu`] for `grad`, the gradient of its output:
+/// The gradient of [`scaled_silu()`] for `grad`, the gradient of its output:
 /// `grad * scale * s * (1 + x * (1 - s))` with `s = sigmoid(x)`.
 #[tpu_kernel(
     op = "my_kernels::scaled_silu_backward",
