@@ -196,65 +196,31 @@ macro_rules! export_library {
     };
 }
 
-/// The standard kernels of this crate ([`crate::kernels`]), which every library links in too
-/// and must not describe as its own.
-///
-/// A stopgap until each registration records the module that defined it: a unit test checks
-/// that every kernel `tpu_kernels` alone registers is listed, so a new standard kernel cannot
-/// be missed (a listed name nothing registers filters nothing).
-const STANDARD_KERNELS: &[&str] = &[
-    "adamw_step",
-    "attention",
-    "attention_backward",
-    "cross_entropy",
-    "cross_entropy_backward",
-    "dropout",
-    "gelu",
-    "gelu_tanh",
-    "layer_norm",
-    "layer_norm_backward",
-    "log_softmax",
-    "log_softmax_backward",
-    "matmul_act",
-    "matmul_bias_act",
-    "rms_norm",
-    "rms_norm_backward",
-    "rotary",
-    "sdpa_flash_cpu",
-    "sdpa_flash_cpu_backward",
-    "sdpa_flash_cpu_masked",
-    "sdpa_flash_cpu_masked_backward",
-    "silu",
-    "softmax",
-    "softmax_backward",
-    "swiglu",
-    "swiglu_backward",
-    "tiled_matmul_act",
-    "tiled_matmul_bias_act",
-    "tiled_rms_norm",
-];
-
-/// The kernels the library crate `crate_name` defines, sorted by name: every registration
-/// linked into it except the standard kernels. A kernel of the crate that takes a standard
-/// kernel's name is an error naming both (the host would refuse it anyway).
+/// The kernels the library crate `crate_name` defines, sorted by name: the registrations whose
+/// module ([`KernelRegistration::module`], recorded by `#[tpu_kernel]`) is in that crate. The
+/// standard kernels every library links in are `tpu_kernels`'s. Two kernels of one name are an
+/// error naming it (the host would refuse them anyway).
 pub fn own_kernels(crate_name: &str) -> Result<Vec<&'static KernelRegistration>, String> {
     let all = crate::registered();
     let mut own = Vec::new();
     for (i, k) in all.iter().enumerate() {
-        let twice = all.get(i + 1).is_some_and(|next| next.name == k.name)
-            || (i > 0 && all[i - 1].name == k.name);
-        if twice {
+        let other = all
+            .get(i + 1)
+            .filter(|next| next.name == k.name)
+            .or_else(|| i.checked_sub(1).map(|j| &all[j]).filter(|prev| prev.name == k.name));
+        if let Some(other) = other {
+            let standard = [k.crate_name(), other.crate_name()].contains(&"tpu_kernels");
             return Err(format!(
                 "library `{crate_name}`: two kernels are named `{}`{}",
                 k.name,
-                if STANDARD_KERNELS.contains(&k.name) {
+                if standard {
                     " (a kernel of the crate takes the name of a standard kernel of tpu-kernels)"
                 } else {
                     ""
                 }
             ));
         }
-        if !STANDARD_KERNELS.contains(&k.name) {
+        if k.crate_name() == crate_name {
             own.push(*k);
         }
     }
@@ -837,19 +803,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_standard_kernel_is_in_the_standard_list() {
-        // This test binary links tpu_kernels only: `registered()` is the standard set.
-        let missing: Vec<&str> = crate::registered()
+    fn the_standard_kernels_are_not_a_librarys_own() {
+        // This test binary links tpu_kernels only: `registered()` is the standard set, and every
+        // one of its records says it comes from `tpu_kernels`.
+        let strays: Vec<(&str, &str)> = crate::registered()
             .iter()
-            .map(|k| k.name)
-            .filter(|n| !STANDARD_KERNELS.contains(n))
+            .filter(|k| k.crate_name() != "tpu_kernels")
+            .map(|k| (k.name, k.module))
             .collect();
-        assert!(
-            missing.is_empty(),
-            "library.rs: STANDARD_KERNELS must list every standard kernel, so that a kernel \
-             library does not describe them as its own; missing: {missing:?}"
-        );
+        assert!(strays.is_empty(), "standard kernels with another module: {strays:?}");
         assert!(own_kernels("std_only").expect("no clash").is_empty());
+        assert!(!own_kernels("tpu_kernels").expect("no clash").is_empty());
     }
 
     #[test]

@@ -490,6 +490,10 @@ pub struct KernelRegistration {
     /// built).
     pub backward: Option<&'static str>,
     pub doc: &'static str,
+    /// The Rust module that defined the kernel (`module_path!()`, which `#[tpu_kernel]`
+    /// records): which crate a registration belongs to, for kernel libraries. Empty for a
+    /// record that does not say.
+    pub module: &'static str,
 }
 
 impl fmt::Debug for KernelRegistration {
@@ -559,6 +563,7 @@ impl KernelRegistration {
             output: OutputRule::Build,
             backward: None,
             doc: "",
+            module: "",
         }
     }
 
@@ -612,6 +617,16 @@ impl KernelRegistration {
 
     pub const fn doc(self, doc: &'static str) -> Self {
         KernelRegistration { doc, ..self }
+    }
+
+    /// The module that defines the kernel: `.module(module_path!())`.
+    pub const fn module(self, module: &'static str) -> Self {
+        KernelRegistration { module, ..self }
+    }
+
+    /// The crate that defined the kernel: the first segment of [`Self::module`].
+    pub fn crate_name(&self) -> &'static str {
+        self.module.split("::").next().unwrap_or("")
     }
 
     /// The static parameter `name`.

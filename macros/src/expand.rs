@@ -225,6 +225,7 @@ fn record(k: &Kernel, m: &Model, p: &TokenStream, base: Option<TokenStream>) -> 
         let doc = &m.doc;
         r.extend(quote!(.doc(#doc)));
     }
+    r.extend(quote!(.module(::core::module_path!())));
     r
 }
 

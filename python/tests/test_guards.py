@@ -260,6 +260,13 @@ def _kernel_cases() -> list[Case]:
     add("adamw_step", "dtypes", adamw(dtype=F64))
     add("adamw_step", "dtype_is(4, f32)", adamw(step=lambda r: torch.tensor(3.0, dtype=F64)))
     add("adamw_step", "rank(4, 0, 0)", adamw(step=lambda r: torch.tensor([3.0])))
+    # --- the tiled kernels: the guards of their StableHLO counterparts, on the same ops (their
+    # tile plans are not guards: a signature a plan refuses is declined, as the plan's own tests
+    # in registry/tests/tiled_kernels.rs show) ---
+    for tiled, plain in [("tiled_rms_norm", "rms_norm"), ("tiled_matmul_bias_act", "matmul_bias_act"),
+                         ("tiled_matmul_act", "matmul_act")]:
+        c.extend(Case(tiled, x.guard, x.build, x.taken_by, x.probe, x.unchecked_by_pytorch)
+                 for x in list(c) if x.kernel == plain)
     return c
 
 

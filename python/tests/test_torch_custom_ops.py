@@ -1,5 +1,7 @@
 """Kernels that define new ops appear as torch.library custom ops that pass opcheck."""
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -81,13 +83,15 @@ def _canonical_args(kernel):
 def test_opcheck(kernel):
     """Every new op a standard kernel defines passes opcheck (schema, fake function, autograd
     registration, aot dispatch) at its first canonical signature, and the kernel computes it."""
-    from tpu_kernels.testing import no_fallbacks
+    from tpu_kernels.testing import force_tiled, no_fallbacks
 
     custom_ops()
     (op,) = [o for o in kernel["ops"] if o.startswith("tpuk::")]
     overload = getattr(torch.ops.tpuk, op.split("::")[1].split(".")[0]).default
     args, statics = _canonical_args(kernel)
-    with no_fallbacks(kernels=[kernel["name"]]):
+    # A tiled kernel is below its StableHLO counterpart on the CPU: forced, its twin runs.
+    tiled = force_tiled() if kernel["tiled"] else contextlib.nullcontext()
+    with tiled, no_fallbacks(kernels=[kernel["name"]]):
         torch.library.opcheck(overload, args, statics)
 
 

@@ -545,7 +545,7 @@ impl Index {
             }
         };
         if self.tiled_first(call.platform) {
-            for &i in order.iter().filter(|&&i| candidates[i].record.is_tiled()) {
+            for &i in order.iter().filter(|&&i| candidates[i].is_tiled()) {
                 if candidates[i].accepts(call).is_ok() {
                     return Ok(&candidates[i]);
                 }
@@ -576,7 +576,7 @@ impl Index {
             return all.iter().collect();
         }
         let (tiled, rest): (Vec<&Arc<Kernel>>, Vec<&Arc<Kernel>>) =
-            all.iter().partition(|k| k.record.is_tiled());
+            all.iter().partition(|k| k.is_tiled());
         tiled.into_iter().chain(rest).collect()
     }
 
