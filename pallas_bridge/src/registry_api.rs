@@ -423,12 +423,28 @@ pub fn tiled_interpret(
         "shipped" => tpu_kernels::mosaic::Form::Shipped,
         other => return Err(bad(format!("form `{other}`: `readable` or `shipped`"))),
     };
-    let Some(built) = kernel.record.tiled_kernel(&parsed) else {
-        return Err(bad(format!("kernel `{name}` is not a tiled kernel")));
+    let text = match kernel.record.tiled_kernel(&parsed) {
+        Some(built) => {
+            let built = built.map_err(|e| raise(py, "InternalError", e.to_string()))?;
+            let outputs = kernel.record.output_types(&parsed).map_err(bad)?;
+            tpu_kernels::mosaic::custom_call_module_for(&built, form, &parsed.inputs, &outputs)
+        }
+        // A tiled kernel of a loaded library: the TPU module its library emits (the shipped
+        // form, which is all a library gives).
+        None if kernel.is_tiled() => {
+            if form != tpu_kernels::mosaic::Form::Shipped {
+                return Err(bad(format!(
+                    "kernel `{name}` comes from a library, which gives its shipped form only"
+                )));
+            }
+            kernel
+                .module_text(&parsed, Platform::Tpu)
+                .map_err(|e| raise(py, "InternalError", e.to_string()))?
+                .text
+                .to_string()
+        }
+        None => return Err(bad(format!("kernel `{name}` is not a tiled kernel"))),
     };
-    let built = built.map_err(|e| raise(py, "InternalError", e.to_string()))?;
-    let outputs = kernel.record.output_types(&parsed).map_err(bad)?;
-    let text = tpu_kernels::mosaic::custom_call_module_for(&built, form, &parsed.inputs, &outputs);
     py.detach(|| tpu_kernels::mosaic::interpret(&text, &inputs))
         .map_err(|e| raise(py, "InternalError", format!("kernel `{name}`: interpreter: {e}")))
 }

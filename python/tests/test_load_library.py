@@ -19,11 +19,16 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import tpu_kernels as tk  # noqa: E402
-from tpu_kernels.testing import assert_close_to_reference, inject_fault, no_fallbacks  # noqa: E402
+from tpu_kernels.testing import (  # noqa: E402
+    assert_close_to_reference,
+    force_tiled,
+    inject_fault,
+    no_fallbacks,
+)
 from tpu_kernels.torch import substitute  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN = ["gated_rms_norm", "scaled_silu", "scaled_silu_backward", "softcap"]
+OWN = ["gated_rms_norm", "linear_act", "scaled_silu", "scaled_silu_backward", "softcap"]
 
 
 def _cdylib(package: str, lib_name: str) -> Path:
@@ -264,3 +269,82 @@ def test_an_abi_mismatch_is_refused_naming_both_versions(lib):
     with pytest.raises(tk.LibraryError, match=r"kernel `nan_log`, canonical signature `f32\[8,128\]`: .*non-finite"):
         tk._native.load_library(str(fixture), topology=None, entry="tpuk_fixture_nan")
     assert _names() == before
+
+
+# ----- the crate's tiled kernel: `linear_act`, act(x @ w + b) in VMEM blocks -----
+
+ACT = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "silu": F.silu,
+    "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"),
+}
+
+
+def linear_act_ref(x, w, b, activation):
+    return ACT[activation](x.double() @ w.double() + b.double())
+
+
+def _close_to_matmul_ref(actual, ref):
+    """Against the f64 reference within what an f32-accumulated matmul over K = 1024 can reach
+    (a few f32 roundings of sums of 1024 products; one bf16 rounding for bf16 outputs): the
+    kernel's f32 arithmetic, not a per-element ulp budget."""
+    rtol, atol = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}[actual.dtype]
+    torch.testing.assert_close(actual.double(), ref.to(actual.dtype).double(), rtol=rtol, atol=atol)
+
+
+def _linear_inputs(m, k, n, dtype=torch.float32):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(k, n, generator=g) / k**0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    return x, w, b
+
+
+def test_the_tiled_kernel_compiles_for_v5e_and_v6e(lib):
+    """The crate's tiled matmul with its epilogue: its TPU module is a Mosaic custom call in the
+    shipped form, which libtpu compiles for both generations at every canonical signature."""
+    info = tk.kernel("linear_act")
+    assert info["library"] == str(lib.path)
+    assert tk.select("my_kernels::linear_act", "f32[256,1024], f32[1024,256], f32[256]", platform="tpu") == "linear_act"
+    for sig in info["canonical"]:
+        text = tk._native.emit("linear_act", sig, "tpu")
+        assert "tpu_custom_call" in text and "serialization_format" in text
+        assert "tpu_custom_call" not in tk._native.emit("linear_act", sig, "cpu")
+        for topology in ["v5e:1x1", "v6e:1x1"]:
+            report = tk.compile_tpu("linear_act", sig, topology)
+            assert report["executable_bytes"] > 1000, (sig, topology, report)
+
+
+@pytest.mark.parametrize(
+    ("shape", "activation", "dtype"),
+    [((256, 1024, 256), "gelu_tanh", torch.float32), ((128, 512, 384), "silu", torch.bfloat16),
+     ((7, 128, 128), "relu", torch.float32)],
+    ids=["f32-256x1024x256-gelu_tanh", "bf16-128x512x384-silu", "f32-7x128x128-relu"],
+)
+def test_the_tiled_kernel_matches_pytorch_through_the_interpreter_and_the_twin(lib, shape, activation, dtype):
+    """Two independent runs of the one kernel: the interpreter of the Mosaic text the library
+    printed (what libtpu receives), and the CPU twin under eager strict and torch.compile with
+    tiled kernels forced; each against PyTorch in f64."""
+    import tpu_kernels.torch.backend  # noqa: F401
+
+    m, k, n = shape
+    x, w, b = _linear_inputs(m, k, n, dtype)
+    ref = linear_act_ref(x, w, b, activation)
+    short = {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
+    sig = f"{short}[{m},{k}], {short}[{k},{n}], {short}[{n}]; activation={activation}"
+    (out,) = tk._native.tiled_interpret(
+        "linear_act", sig, [t.double().flatten().tolist() for t in (x, w, b)], "shipped"
+    )
+    interpreted = torch.tensor(out, dtype=torch.float64).reshape(m, n).to(dtype)
+    _close_to_matmul_ref(interpreted, ref)
+    op = torch.ops.my_kernels.linear_act
+    with force_tiled(), no_fallbacks(kernels=["linear_act"]):
+        with substitute("strict"):
+            eager = op(x, w, b, activation=activation)
+    _close_to_matmul_ref(eager, ref)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, c, d: op(a, c, d, activation=activation) * 2.0, backend="tpu_kernels", fullgraph=True)
+    with force_tiled(), no_fallbacks(kernels=["linear_act"], programs=1):
+        got = compiled(x, w, b)
+    _close_to_matmul_ref(got, ref * 2.0)

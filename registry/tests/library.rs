@@ -110,7 +110,8 @@ fn refused(
     assert_eq!(state(r), before, "a failed load changed the registry");
 }
 
-const OWN: [&str; 4] = ["gated_rms_norm", "scaled_silu", "scaled_silu_backward", "softcap"];
+const OWN: [&str; 5] =
+    ["gated_rms_norm", "linear_act", "scaled_silu", "scaled_silu_backward", "softcap"];
 
 #[test]
 fn the_example_library_loads_passes_every_check_and_registers_only_its_own_kernels() {
@@ -148,6 +149,16 @@ fn the_example_library_loads_passes_every_check_and_registers_only_its_own_kerne
     let meta = CallMeta { sig: &sig, contiguous: &[true; 3], platform: Platform::Cpu };
     let why = norm.accepts(&meta).expect_err("the weight's size differs");
     assert!(why.contains("!="), "{why}");
+    // `linear_act` is a tiled kernel: on a TPU its module is the Mosaic custom call (selected
+    // first there), elsewhere its twin.
+    let linear = r.index().kernel("linear_act").cloned().expect("linear_act");
+    assert!(linear.is_tiled() && !linear.record.is_tiled(), "tiled, through the library");
+    let sig = linear.record.parse_signature("f32[7,128], f32[128,128], f32[128]").expect("parses");
+    let sig = linear.complete_statics(sig).expect("defaults");
+    let tpu = linear.module_text(&sig, Platform::Tpu).expect("tpu text").text;
+    assert!(tpu.contains("tpu_custom_call") && tpu.contains("serialization_format"), "{tpu}");
+    let cpu = linear.module_text(&sig, Platform::Cpu).expect("cpu text").text;
+    assert!(!cpu.contains("tpu_custom_call"), "{cpu}");
     // `softcap` has no output rule: its types come from the library, which builds the module.
     let softcap = r.index().kernel("softcap").cloned().expect("softcap");
     let sig = softcap.record.parse_signature("bf16[3,5]; cap=2.0").expect("parses");

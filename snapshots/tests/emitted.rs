@@ -138,7 +138,8 @@ fn check_orphans(dir: &str, expected: BTreeSet<String>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut found = BTreeSet::new();
     for entry in std::fs::read_dir(&dir).expect("snapshot directory exists") {
-        let name = entry.expect("a readable directory entry").file_name().to_string_lossy().into_owned();
+        let name =
+            entry.expect("a readable directory entry").file_name().to_string_lossy().into_owned();
         if let Some(stem) = name.strip_suffix(".snap") {
             found.insert(stem.to_owned());
         } else if !name.ends_with(".snap.new") {

@@ -12,9 +12,13 @@
 //! Every kernel binds an op of the crate's own namespace (`my_kernels::...`), which loading
 //! defines as a `torch.library` op. The one line that makes the crate a library is
 //! [`tpu_kernels::export_library!`] at the bottom of this file; the library describes only this
-//! crate's kernels (`gated_rms_norm`, `scaled_silu`, `scaled_silu_backward`, `softcap`), not the
-//! standard ones it links in (`registry/tests/library.rs` loads the built file and checks it).
+//! crate's kernels (`gated_rms_norm`, `linear_act`, `scaled_silu`, `scaled_silu_backward`,
+//! `softcap`), not the standard ones it links in (`registry/tests/library.rs` loads the built
+//! file and checks it). `linear_act` is a tiled TPU kernel: a grid of VMEM blocks, an f32
+//! accumulator over the K axis and a bias + activation epilogue, whose TPU variant is a Mosaic
+//! `tpu_custom_call` and whose CPU variant is its twin.
 
+use tpu_kernels::mosaic::dsl::{Block, Tiled, Vector};
 use tpu_kernels::{BuildError, DType, ErrorKind, Tensor, tpu_kernel};
 
 /// The type arithmetic happens in: f32 for 16-bit inputs.
@@ -117,6 +121,62 @@ pub fn softcap(x: Tensor, cap: f64) -> Result<Tensor, BuildError> {
     }
     let xf = upcast(x);
     Ok(((xf * (1.0 / cap)).tanh() * cap).cast(x.dtype()))
+}
+
+/// `act(x @ w + b)` as a tiled TPU kernel: blocks of at most 256 x 256 outputs, K in steps of
+/// at most 512 accumulated in an f32 VMEM scratch on the MXU, the bias and the activation
+/// (`none`, `relu`, `silu`, `gelu_tanh`) applied at the last K step.
+#[tpu_kernel(
+    op = "my_kernels::linear_act",
+    dtypes = [f32, bf16],
+    same_dtype,
+    shapes(x = [M, K], w = [K, N], b = [N]),
+    defaults(activation = "none"),
+    cache_key = [activation],
+    output = like(x, [M, N]),
+    tiled(
+        tiles(bm = tile(M, 256, 8), bn = tile(N, 256, 128), bk = tile(K, 512, 128)),
+        grid = [M / bm, N / bn, K / bk],
+        semantics = [parallel, parallel, arbitrary],
+        inputs(
+            x = block([bm, bk], |i, j, k| (i, k)),
+            w = block([bk, bn], |i, j, k| (k, j)),
+            b = block([1, bn], |i, j, k| (0, j)).view([1, N]),
+        ),
+        outputs(o = block([bm, bn], |i, j, k| (i, j))),
+        scratch(acc = vmem(f32, [bm, bn])),
+    ),
+    canonical = [
+        "f32[256,1024], f32[1024,256], f32[256]; activation=gelu_tanh",
+        "bf16[128,512], bf16[512,384], bf16[384]; activation=silu",
+        "f32[7,128], f32[128,128], f32[128]; activation=relu",
+    ],
+)]
+pub fn linear_act(k: &Tiled, x: Block, w: Block, b: Block, o: Block, acc: Block, activation: &str) {
+    let step = k.program_id(2);
+    k.when(step.eq(0), || acc.store(k.zeros(DType::F32, &acc.shape())));
+    acc.store(acc.load() + x.load().matmul(w.load()));
+    k.when(step.eq(k.num_programs(2) - 1), || {
+        let y = acc.load() + b.load().cast(DType::F32);
+        o.store(activate(k, y, activation).cast(o.dtype()));
+    });
+}
+
+/// The epilogue of [`linear_act()`]; another activation declines the call.
+fn activate<'k>(k: &'k Tiled, y: Vector<'k>, activation: &str) -> Vector<'k> {
+    match activation {
+        "none" => y,
+        "relu" => y.maximum(0.0),
+        "silu" => y * y.sigmoid(),
+        "gelu_tanh" => {
+            let inner = (y + y * y * y * 0.044715) * (2.0 / std::f64::consts::PI).sqrt();
+            y * (inner.tanh() + 1.0) * 0.5
+        }
+        other => {
+            k.fail(ErrorKind::Unsupported, format!("no `{other}` activation"));
+            y
+        }
+    }
 }
 
 tpu_kernels::export_library!();
