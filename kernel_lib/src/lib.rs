@@ -1,34 +1,37 @@
 //! Author TPU kernels in Rust.
 //!
+//! Two IRs, each in its own folder, sharing one set of machinery (typed value and region ids,
+//! the `Instr` record, the text helpers, the element and tensor types, the error type):
+//!
+//! - [`stablehlo`]: traced kernels. [`builder`]: the typed, fallible [`KernelBuilder`] and its
+//!   [`Tensor`] values; [`ir`]: the arena IR and the one table of type rules; [`printer`]
+//!   turns a verified [`Module`] into StableHLO text, byte-for-byte deterministic; [`reader`]
+//!   reads the StableHLO text the project must understand (signatures, symbols, locations),
+//!   for imported kernels; [`refine`] specialises a module exported with symbolic shapes
+//!   (`jax.export`) to static input types, as jaxlib's shape refinement does. (Each is
+//!   re-exported here under its own name.)
+//! - [`mosaic`]: tiled TPU kernels: a Mosaic IR over a grid of VMEM blocks, its checks, its
+//!   two printed forms, the `tpu_custom_call` module that carries it, its CPU twin and the
+//!   interpreter of its printed text.
+//!
+//! And around them:
+//!
 //! - [`types`]: element types, static and symbolic dimensions, tensor types.
-//! - [`builder`]: the typed, fallible [`KernelBuilder`] and its [`Tensor`] values.
-//! - [`ir`]: the arena IR and the one table of type rules; [`printer`] turns a verified
-//!   [`Module`] into StableHLO text, byte-for-byte deterministic.
-//! - [`reader`]: reads the StableHLO text the project must understand (signatures, symbols,
-//!   locations), for imported kernels.
-//! - [`refine`]: specialises a module exported with symbolic shapes (`jax.export`) to static
-//!   input types, as jaxlib's shape refinement does, so XLA compiles it.
 //! - [`registration`]: the record every kernel registers through, collected with `inventory`.
 //! - [`kernels`]: the standard kernels.
 //! - [`library`]: the C ABI of a kernel library, a crate of kernels built as a `cdylib` and
 //!   loaded at run time ([`export_library!`]).
-//! - [`mosaic`]: tiled TPU kernels: a Mosaic IR over a grid of VMEM blocks, its checks, its
-//!   printer and the `tpu_custom_call` module that carries it.
 
-pub mod builder;
 mod error;
-pub mod ir;
 pub mod kernels;
 pub mod library;
-pub mod literal;
 pub mod mosaic;
-pub mod printer;
-pub mod reader;
-pub mod refine;
 pub mod registration;
+pub mod stablehlo;
 mod text;
 pub mod types;
-mod verify;
+
+pub use stablehlo::{builder, ir, literal, printer, reader, refine};
 
 pub use builder::{KernelBuilder, Tensor};
 pub use error::{BuildError, ErrorKind, OpError};

@@ -16,7 +16,7 @@ mod tiled;
 // The StableHLO reader and the tensor types are std-only; the macro reads imported modules
 // with the very code the library uses.
 #[allow(dead_code, reason = "only part of the library's reader API is used at compile time")]
-#[path = "../../kernel_lib/src/reader.rs"]
+#[path = "../../kernel_lib/src/stablehlo/reader.rs"]
 mod reader;
 #[allow(dead_code, reason = "only part of the library's tensor types is used at compile time")]
 #[path = "../../kernel_lib/src/types.rs"]

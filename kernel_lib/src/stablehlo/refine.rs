@@ -2631,7 +2631,7 @@ mod tests {
     use super::*;
 
     /// RMS norm over `bf16[b, 512]` exported by jax with `jax.export.symbolic_shape("b")`.
-    const SYMBOLIC: &str = include_str!("../tests/data/reader/symbolic.mlir");
+    const SYMBOLIC: &str = include_str!("../../tests/data/reader/symbolic.mlir");
 
     fn t(dtype: DType, dims: &[u64]) -> TensorType {
         TensorType::new(dtype, dims)
@@ -2712,11 +2712,11 @@ mod tests {
     #[test]
     fn static_modules_pass_through() {
         let fixtures = [
-            include_str!("../tests/data/reader/nested_jit.mlir"),
-            include_str!("../tests/data/reader/pallas_interpret_cpu.mlir"),
-            include_str!("../tests/data/reader/composite_donate.mlir"),
-            include_str!("../tests/data/reader/sharded.mlir"),
-            include_str!("../tests/data/reader/pallas_tpu.mlir"),
+            include_str!("../../tests/data/reader/nested_jit.mlir"),
+            include_str!("../../tests/data/reader/pallas_interpret_cpu.mlir"),
+            include_str!("../../tests/data/reader/composite_donate.mlir"),
+            include_str!("../../tests/data/reader/sharded.mlir"),
+            include_str!("../../tests/data/reader/pallas_tpu.mlir"),
         ];
         for text in fixtures {
             let m = reader::parse_module(text).unwrap();
@@ -3051,7 +3051,7 @@ mod malformed_input {
 
     #[test]
     fn mutated_exports_are_refused_without_panicking() {
-        let source = include_str!("../tests/data/reader/symbolic.mlir");
+        let source = include_str!("../../tests/data/reader/symbolic.mlir");
         let inputs = [TensorType::new(DType::BF16, [4, 512])];
         let mut state = 0x9e3779b97f4a7c15u64;
         let mut next = move |n: usize| {

@@ -720,7 +720,7 @@ impl KernelBuilder {
             functions,
             text_functions: st.text_callees,
         };
-        crate::verify::verify_module(&module).map_err(|e| e.in_kernel(&kernel, "verify"))?;
+        super::verify::verify_module(&module).map_err(|e| e.in_kernel(&kernel, "verify"))?;
         Ok(module)
     }
 

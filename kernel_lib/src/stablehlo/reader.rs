@@ -1434,18 +1434,18 @@ mod tests {
 
     // Generated with jax 0.12.0.1 (`jax.export.export(...).mlir_module()`, locations included).
     /// `f(x, y) = inner(x) + sum(inner(y))` with a nested `jax.jit`: a private function and calls.
-    const NESTED_JIT: &str = include_str!("../tests/data/reader/nested_jit.mlir");
+    const NESTED_JIT: &str = include_str!("../../tests/data/reader/nested_jit.mlir");
     /// RMS norm over `bf16[b, 512]` with `jax.export.symbolic_shape("b")`.
-    const SYMBOLIC: &str = include_str!("../tests/data/reader/symbolic.mlir");
+    const SYMBOLIC: &str = include_str!("../../tests/data/reader/symbolic.mlir");
     /// A Pallas add kernel exported with `platforms=['tpu']`: a `tpu_custom_call`.
-    const PALLAS_TPU: &str = include_str!("../tests/data/reader/pallas_tpu.mlir");
+    const PALLAS_TPU: &str = include_str!("../../tests/data/reader/pallas_tpu.mlir");
     /// The same kernel with `interpret=True` for cpu: a `stablehlo.while` over the grid.
-    const PALLAS_CPU: &str = include_str!("../tests/data/reader/pallas_interpret_cpu.mlir");
+    const PALLAS_CPU: &str = include_str!("../../tests/data/reader/pallas_interpret_cpu.mlir");
     /// `jax.lax.composite` and `donate_argnums=(0,)`: `decomposition = @my.fma`,
     /// `tf.aliasing_output`.
-    const COMPOSITE: &str = include_str!("../tests/data/reader/composite_donate.mlir");
+    const COMPOSITE: &str = include_str!("../../tests/data/reader/composite_donate.mlir");
     /// Sharded over a 2x2 mesh with Shardy: `sdy.mesh` and `#sdy.sharding<@mesh, ...>`.
-    const SHARDED: &str = include_str!("../tests/data/reader/sharded.mlir");
+    const SHARDED: &str = include_str!("../../tests/data/reader/sharded.mlir");
 
     const FIXTURES: [(&str, &str); 6] = [
         ("nested_jit", NESTED_JIT),
