@@ -179,6 +179,48 @@ pub fn tpu_compile(
     })
 }
 
+/// For a tiled kernel: the interpreter of its TPU module (the shipped Mosaic text libtpu is
+/// given, read back) and its CPU module (the twin) on the same random inputs; the largest
+/// difference of any output element, or why they disagree (beyond one rounding of the output
+/// type, and f32 sums taken in another order).
+pub fn interpreter_agreement(
+    client: &Client,
+    kernel: &Kernel,
+    sig: &KernelSignature,
+) -> Result<f64, String> {
+    let tpu = kernel.module_text(sig, Platform::Tpu).map_err(|e| e.to_string())?.text;
+    let cpu = kernel.module_text(sig, Platform::Cpu).map_err(|e| e.to_string())?.text;
+    let buffers: Vec<Buffer> = sig
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| upload(client, t, &random_bytes(t, i as u64 + 1)?))
+        .collect::<Result<_, _>>()?;
+    let values: Vec<Vec<f64>> = buffers.iter().map(buffer_as_f64).collect::<Result<_, _>>()?;
+    let interpreted =
+        tpu_kernels::mosaic::interpret(&tpu, &values).map_err(|e| format!("interpreter: {e}"))?;
+    let exe = client
+        .compile(&Program::text(cpu.to_string()), &CompileOptions::new())
+        .map_err(|e| format!("compile: {e}"))?;
+    let refs: Vec<&Buffer> = buffers.iter().collect();
+    let twin = exe.execute(&refs).map_err(|e| format!("execute: {e}"))?;
+    if twin.len() != interpreted.len() {
+        return Err(format!("{} outputs interpreted, {} run", interpreted.len(), twin.len()));
+    }
+    let mut worst = 0.0f64;
+    for (i, (a, b)) in interpreted.iter().zip(&twin).enumerate() {
+        let tolerance = match dtype_of(b.element_type()) {
+            Some(DType::BF16) => crate::numerics::Tolerance::new(2e-2, 2.0f64.powi(-7)),
+            Some(DType::F16) => crate::numerics::Tolerance::new(2e-3, 2.0f64.powi(-10)),
+            _ => crate::numerics::Tolerance::new(2e-4, 2e-5),
+        };
+        let summary = crate::numerics::check_close(a, &buffer_as_f64(b)?, tolerance)
+            .map_err(|e| format!("output {i}: interpreter vs twin: {e}"))?;
+        worst = worst.max(summary.max_abs_error);
+    }
+    Ok(worst)
+}
+
 /// Parses the emitted text back with the reader and checks its `@main` signature against the
 /// call's input types.
 pub fn parse_back(text: &str, sig: &KernelSignature) -> Result<usize, String> {

@@ -259,6 +259,9 @@ struct CheckRow {
     parse: Result<usize, String>,
     cpu: Result<RunReport, String>,
     tpu: Option<Result<TpuCompileReport, String>>,
+    /// A tiled kernel's interpreter (of its shipped Mosaic text) against its CPU twin: the
+    /// largest difference. `None` for other kernels.
+    interp: Option<Result<f64, String>>,
 }
 
 impl CheckRow {
@@ -267,6 +270,7 @@ impl CheckRow {
             && self.parse.is_ok()
             && self.cpu.as_ref().is_ok_and(|r| r.non_finite == 0)
             && self.tpu.as_ref().is_none_or(Result::is_ok)
+            && self.interp.as_ref().is_none_or(Result::is_ok)
     }
 }
 
@@ -306,6 +310,7 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
         };
         let cpu = check::run_kernel(&client, &cache, &k, &sig, Platform::Cpu, 10);
         let tpu = topology.as_ref().map(|t| check::tpu_compile(t, &k, &sig));
+        let interp = k.is_tiled().then(|| check::interpreter_agreement(&client, &k, &sig));
         rows.push(CheckRow {
             kernel: k.name().to_owned(),
             signature: sig.label(),
@@ -313,6 +318,7 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
             parse,
             cpu,
             tpu,
+            interp,
         });
         if let Some(bar) = &bar {
             bar.inc(1);
@@ -327,13 +333,14 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
         return Ok(all_ok);
     }
     println!(
-        "{:<18} {:<46} {:>7} {:>6} {:>12} {:>14}",
+        "{:<18} {:<46} {:>7} {:>6} {:>12} {:>14} {:>8}",
         "kernel",
         "signature",
         "emit",
         "parse",
         "cpu (us)",
-        format!("tpu {topo}")
+        format!("tpu {topo}"),
+        "interp"
     );
     let mark = |ok: bool| if ok { "ok" } else { "FAIL" };
     for r in &rows {
@@ -347,14 +354,20 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
             Some(Ok(rep)) => format!("{} KiB", rep.executable_bytes / 1024),
             Some(Err(_)) => "FAIL".to_owned(),
         };
+        let interp = match &r.interp {
+            None => "-",
+            Some(Ok(_)) => "ok",
+            Some(Err(_)) => "FAIL",
+        };
         println!(
-            "{:<18} {:<46} {:>7} {:>6} {:>12} {:>14}",
+            "{:<18} {:<46} {:>7} {:>6} {:>12} {:>14} {:>8}",
             r.kernel,
             r.signature,
             mark(r.emit.is_ok()),
             mark(r.parse.is_ok()),
             cpu,
-            tpu
+            tpu,
+            interp
         );
     }
     for r in rows.iter().filter(|r| !r.ok()) {
@@ -363,6 +376,7 @@ fn check_all(as_json: bool, topo: &str, no_tpu: bool) -> Result<bool> {
             r.parse.as_ref().err(),
             r.cpu.as_ref().err(),
             r.tpu.as_ref().and_then(|t| t.as_ref().err()),
+            r.interp.as_ref().and_then(|t| t.as_ref().err()),
         ];
         for e in errors.into_iter().flatten() {
             println!("{}@{}: {e}", r.kernel, r.signature);
