@@ -364,6 +364,23 @@ unsafe fn arg<'a>(what: &str, ptr: *const c_char) -> Result<&'a str, Refusal> {
     s.to_str().map_err(|_| Refusal::request(format!("{what} is not UTF-8")))
 }
 
+/// What a call on one kernel at one signature names: the kernel's name, its record (one of
+/// crate `crate_name`'s) and the signature, parsed.
+///
+/// # Safety
+/// As [`arg`], for `kernel` and `signature`.
+unsafe fn kernel_call<'a>(
+    crate_name: &str,
+    kernel: *const c_char,
+    signature: *const c_char,
+) -> Result<(&'a str, &'static KernelRegistration, KernelSignature), Refusal> {
+    // SAFETY: forwarded from the caller.
+    let (name, sig_text) = unsafe { (arg("kernel", kernel)?, arg("signature", signature)?) };
+    let reg = own_kernel(crate_name, name)?;
+    let sig = reg.parse_signature(sig_text).map_err(Refusal::request)?;
+    Ok((name, reg, sig))
+}
+
 /// The kernel `name` of crate `crate_name`.
 fn own_kernel(crate_name: &str, name: &str) -> Result<&'static KernelRegistration, Refusal> {
     let own = own_kernels(crate_name).map_err(Refusal::request)?;
@@ -468,17 +485,14 @@ pub unsafe fn emit(
     // SAFETY: forwarded from the caller.
     unsafe {
         answer(out, || {
-            let (name, sig_text, platform) =
-                (arg("kernel", kernel)?, arg("signature", signature)?, arg("platform", platform)?);
-            let reg = own_kernel(crate_name, name)?;
-            let platform = platform_named(platform)?;
+            let (name, reg, sig) = kernel_call(crate_name, kernel, signature)?;
+            let platform = platform_named(arg("platform", platform)?)?;
             if !reg.platforms.contains(&platform) {
                 return Err(Refusal::request(format!(
                     "kernel `{name}` does not run on {}",
                     platform.name()
                 )));
             }
-            let sig = reg.parse_signature(sig_text).map_err(Refusal::request)?;
             emit_text(reg, &sig, platform).map_err(|e| Refusal::build(&e))
         })
     }
@@ -499,9 +513,7 @@ pub unsafe fn output_types(
     // SAFETY: forwarded from the caller.
     unsafe {
         answer(out, || {
-            let (name, sig_text) = (arg("kernel", kernel)?, arg("signature", signature)?);
-            let reg = own_kernel(crate_name, name)?;
-            let sig = reg.parse_signature(sig_text).map_err(Refusal::request)?;
+            let (name, reg, sig) = kernel_call(crate_name, kernel, signature)?;
             let types = match reg.output {
                 // Through the builder, so a build error keeps its kind (a refusal stays one).
                 OutputRule::Build if !reg.is_imported() => reg
@@ -540,9 +552,7 @@ pub unsafe fn accepts(
     // SAFETY: forwarded from the caller.
     unsafe {
         answer(out, || {
-            let (name, sig_text) = (arg("kernel", kernel)?, arg("signature", signature)?);
-            let reg = own_kernel(crate_name, name)?;
-            let sig = reg.parse_signature(sig_text).map_err(Refusal::request)?;
+            let (_, reg, sig) = kernel_call(crate_name, kernel, signature)?;
             reg.accepts(&sig)
                 .map(|()| String::new())
                 .map_err(|message| Refusal { status: status::DECLINED, message })

@@ -625,14 +625,21 @@ def parse_criterion(run: Run) -> None:
         run.tables.append(("criterion estimates (short run)", ["benchmark", "estimate", "low", "high"], rows))
 
 
-def parse_emit(run: Run) -> None:
-    tiled = []
-    for line in _after(run.stdout.splitlines(), "tiled kernels: Mosaic emit"):
-        if "build + verify + print" in line:
+def _emit_rows(lines: list[str], marker: str, stop: str | None = None) -> list[list[str]]:
+    """The `kernel median min max bytes signature` rows after `marker`, up to `stop`."""
+    rows = []
+    for line in _after(lines, marker):
+        if stop and stop in line:
             break
         m = re.match(rf"^(\S+)\s+({NUM})\s+({NUM})\s+({NUM})\s+(\d+)\s+(.*)$", line)
         if m:
-            tiled.append(list(m.groups()))
+            rows.append(list(m.groups()))
+    return rows
+
+
+def parse_emit(run: Run) -> None:
+    lines = run.stdout.splitlines()
+    tiled = _emit_rows(lines, "tiled kernels: Mosaic emit", stop="build + verify + print")
     if tiled:
         run.tables.append(
             (
@@ -643,45 +650,13 @@ def parse_emit(run: Run) -> None:
         )
         worst = max(tiled, key=lambda r: float(r[1]))
         _target(run, f"tiled Mosaic emit, slowest signature ({worst[0]} {worst[5]})", float(worst[1]), "µs", "<= 1000")
-    rows = []
-    for line in _after(run.stdout.splitlines(), "build + verify + print"):
-        m = re.match(rf"^(\S+)\s+({NUM})\s+({NUM})\s+({NUM})\s+(\d+)\s+(.*)$", line)
-        if m:
-            rows.append(list(m.groups()))
+    rows = _emit_rows(lines, "build + verify + print")
     if rows:
         run.tables.append(
             (
                 "build + verify + print at 1024x4096 (µs, 2000 runs each)",
                 ["kernel", "median µs", "min µs", "max µs", "text bytes", "signature"],
                 rows,
-            )
-        )
-
-
-def parse_tiled(run: Run) -> None:
-    lines = run.stdout.splitlines()
-    compile_rows = []
-    for line in _after(lines, "libtpu compile, shipped Mosaic form"):
-        if "twin vs StableHLO" in line:
-            break
-        m = re.match(rf"^(\S+)\s+({NUM})\s+({NUM})\s+(\S+)$", line)
-        if m:
-            compile_rows.append(list(m.groups()))
-    if compile_rows:
-        run.tables.append(
-            ("libtpu compile time per tiled kernel, shipped form (ms, median of 3)", ["kernel", "v5e ms", "v6e ms", "signature"], compile_rows)
-        )
-    twin_rows = []
-    for line in _after(lines, "tiled twin vs StableHLO kernel on the CPU"):
-        m = re.match(rf"^(\S+)\s+(\S+)\s+({NUM})\s+({NUM})\s+({NUM})\s+(\S+)$", line)
-        if m:
-            twin_rows.append(list(m.groups()))
-    if twin_rows:
-        run.tables.append(
-            (
-                "tiled twin vs the StableHLO kernel of the same op on the CPU (µs, median of 30 interleaved runs; ratio > 1: the twin is slower)",
-                ["tiled kernel", "StableHLO kernel", "twin µs", "StableHLO µs", "ratio", "signature"],
-                twin_rows,
             )
         )
 

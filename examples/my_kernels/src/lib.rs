@@ -18,7 +18,8 @@
 //! accumulator over the K axis and a bias + activation epilogue, whose TPU variant is a Mosaic
 //! `tpu_custom_call` and whose CPU variant is its twin.
 
-use tpu_kernels::mosaic::dsl::{Block, Tiled, Vector};
+use tpu_kernels::kernels::tiled::{accumulate, activate};
+use tpu_kernels::mosaic::dsl::{Block, Tiled};
 use tpu_kernels::{BuildError, DType, ErrorKind, Tensor, tpu_kernel};
 
 /// The type arithmetic happens in: f32 for 16-bit inputs.
@@ -153,30 +154,12 @@ pub fn softcap(x: Tensor, cap: f64) -> Result<Tensor, BuildError> {
     ],
 )]
 pub fn linear_act(k: &Tiled, x: Block, w: Block, b: Block, o: Block, acc: Block, activation: &str) {
-    let step = k.program_id(2);
-    k.when(step.eq(0), || acc.store(k.zeros(DType::F32, &acc.shape())));
-    acc.store(acc.load() + x.load().matmul(w.load()));
-    k.when(step.eq(k.num_programs(2) - 1), || {
+    // The K loop and the epilogue are the standard tiled matmul's, reused from tpu-kernels.
+    accumulate(k, x, w, acc);
+    k.when(k.program_id(2).eq(k.num_programs(2) - 1), || {
         let y = acc.load() + b.load().cast(DType::F32);
         o.store(activate(k, y, activation).cast(o.dtype()));
     });
-}
-
-/// The epilogue of [`linear_act()`]; another activation declines the call.
-fn activate<'k>(k: &'k Tiled, y: Vector<'k>, activation: &str) -> Vector<'k> {
-    match activation {
-        "none" => y,
-        "relu" => y.maximum(0.0),
-        "silu" => y * y.sigmoid(),
-        "gelu_tanh" => {
-            let inner = (y + y * y * y * 0.044715) * (2.0 / std::f64::consts::PI).sqrt();
-            y * (inner.tanh() + 1.0) * 0.5
-        }
-        other => {
-            k.fail(ErrorKind::Unsupported, format!("no `{other}` activation"));
-            y
-        }
-    }
 }
 
 tpu_kernels::export_library!();

@@ -12,7 +12,7 @@ use crate::{DType, ErrorKind};
 
 /// `activation` applied to the f32 block `y`; an activation the epilogue does not have
 /// declines the call.
-fn activate<'k>(k: &'k Tiled, y: Vector<'k>, activation: &str) -> Vector<'k> {
+pub fn activate<'k>(k: &'k Tiled, y: Vector<'k>, activation: &str) -> Vector<'k> {
     match activation {
         "none" => y,
         "relu" => y.maximum(0.0),
@@ -30,7 +30,7 @@ fn activate<'k>(k: &'k Tiled, y: Vector<'k>, activation: &str) -> Vector<'k> {
 }
 
 /// The K loop of a tiled matmul: `acc` zeroed at the first K step, `x · weight` added at each.
-fn accumulate(k: &Tiled, x: Block<'_>, weight: Block<'_>, acc: Block<'_>) {
+pub fn accumulate(k: &Tiled, x: Block<'_>, weight: Block<'_>, acc: Block<'_>) {
     let step = k.program_id(2);
     k.when(step.eq(0), || acc.store(k.zeros(DType::F32, &acc.shape())));
     acc.store(acc.load() + x.load().matmul(weight.load()));
