@@ -1,6 +1,7 @@
 //! Differential test of the Rust tiling rule (`tpu_kernels::mosaic::check::tiling`) against
 //! libtpu's own verdict: over dtypes, array shapes and block shapes, a copy kernel is accepted
-//! by Rust exactly when libtpu compiles it, for v5e and v6e.
+//! by Rust exactly when libtpu compiles it, for v5e and v6e; likewise the VMEM budget, under
+//! each target's default scoped limit and under a kernel's own `vmem_limit_bytes`.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 #[path = "support/tiled_kernels.rs"]
@@ -107,6 +108,49 @@ fn rust_accepts_a_vmem_budget_exactly_when_libtpu_compiles_it() {
                 if rust != verdict.is_ok() {
                     disagreements.push(format!(
                         "{dtype} block [{rows}, {cols}] ({} bytes) on {}: rust {}, libtpu {}",
+                        check::vmem_bytes(&kernel),
+                        topology.name(),
+                        if rust { "accepts" } else { "refuses" },
+                        verdict.err().map_or("compiles".to_owned(), |e| e
+                            .to_string()
+                            .lines()
+                            .next()
+                            .unwrap_or_default()
+                            .to_owned())
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        disagreements.is_empty(),
+        "{} of {cases} cases disagree:\n{}",
+        disagreements.len(),
+        disagreements.join("\n")
+    );
+}
+
+#[test]
+fn rust_accepts_a_vmem_limit_exactly_when_libtpu_compiles_under_it() {
+    let Some(libtpu) = libtpu_for_tests() else { return };
+    let mut disagreements = Vec::new();
+    let mut cases = 0;
+    for (topology, target) in [("v5e:1x1", check::Target::V5E), ("v6e:1x1", check::Target::V6E)] {
+        let topology = Topology::new(&libtpu, topology).unwrap();
+        // f32 [rows, 2048] copy blocks, in and out, double-buffered: rows * 32 KiB.
+        // Around each limit (rows * 32 KiB = limit at rows = 32 * MiB): 8 MiB is under both
+        // targets' defaults, 48 and 100 MiB over them.
+        for limit_mib in [8u64, 48, 100] {
+            for rows in [32 * limit_mib - 64, 32 * limit_mib, 32 * limit_mib + 64] {
+                let mut kernel = copy(DType::F32, [rows * 2, 2048], [rows, 2048]);
+                kernel.vmem_limit_bytes = Some(limit_mib << 20);
+                let rust = check::vmem(&kernel, target).is_ok();
+                let verdict = topology
+                    .compile(&Program::text(custom_call_module(&kernel)), &CompileOptions::new());
+                cases += 1;
+                if rust != verdict.is_ok() {
+                    disagreements.push(format!(
+                        "block [{rows}, 2048] ({} bytes) under a {limit_mib} MiB limit on {}: rust {}, libtpu {}",
                         check::vmem_bytes(&kernel),
                         topology.name(),
                         if rust { "accepts" } else { "refuses" },

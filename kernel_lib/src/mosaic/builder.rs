@@ -77,10 +77,12 @@ impl TiledBuilder {
             name,
             grid: grid.to_vec(),
             semantics: semantics.to_vec(),
+            prefetch: Vec::new(),
             windows: Vec::new(),
             num_inputs: 0,
             scratch: Vec::new(),
             aliases: Vec::new(),
+            vmem_limit_bytes: None,
             values: vec![MType::Scalar(DType::I32); grid.len()],
             regions: vec![Region::default()],
         };
@@ -124,15 +126,24 @@ impl TiledBuilder {
             );
             return Err(self.error(what, ErrorKind::Shape, m));
         }
-        if let Some(IndexExpr::Grid(axis)) = index_map
-            .iter()
-            .find(|e| matches!(e, IndexExpr::Grid(a) if *a >= self.kernel.grid.len()))
-        {
-            let m = format!(
-                "window {n}: the index map reads grid axis {axis} of a {}-axis grid",
-                self.kernel.grid.len()
-            );
-            return Err(self.error(what, ErrorKind::Axis, m));
+        let (g, p) = (self.kernel.grid.len(), self.kernel.prefetch.len());
+        for e in index_map {
+            let (axis, table) = match *e {
+                IndexExpr::Grid(axis) => (axis, None),
+                IndexExpr::Prefetch { table, axis } => (axis, Some(table)),
+                IndexExpr::Const(_) => continue,
+            };
+            if axis >= g {
+                let m =
+                    format!("window {n}: the index map reads grid axis {axis} of a {g}-axis grid");
+                return Err(self.error(what, ErrorKind::Axis, m));
+            }
+            if let Some(t) = table.filter(|t| *t >= p) {
+                let m = format!(
+                    "window {n}: the index map reads scalar-prefetch table {t}; the kernel has {p}"
+                );
+                return Err(self.error(what, ErrorKind::Axis, m));
+            }
         }
         self.kernel.windows.push(Window {
             array: array.clone(),
@@ -141,6 +152,43 @@ impl TiledBuilder {
         });
         self.kernel.values.push(MType::vmem(array.dtype, block));
         Ok(MValue(ValueId((self.kernel.values.len() - 1) as u32)))
+    }
+
+    /// A scalar-prefetch table: a 1-d `i32` array the custom call takes before its inputs,
+    /// whole in SMEM. Index maps read it ([`IndexExpr::Prefetch`]) to pick blocks by data, and
+    /// the body reads it with [`Self::scalar_load`]; it is never written. Tables are declared
+    /// before the windows.
+    pub fn prefetch(&mut self, array: TensorType) -> Result<MValue, BuildError> {
+        if !self.kernel.windows.is_empty() || !self.kernel.scratch.is_empty() || self.started {
+            let m = "scalar-prefetch tables are declared before the windows".to_owned();
+            return Err(self.error("scalar_prefetch", ErrorKind::Verify, m));
+        }
+        let p = self.kernel.prefetch.len();
+        let dims = array.shape.static_dims().unwrap_or_default();
+        if array.dtype != DType::I32 || dims.len() != 1 || dims[0] == 0 {
+            let m = format!(
+                "table {p} is {array}: a scalar-prefetch table is a 1-d, non-empty i32 array"
+            );
+            return Err(self.error("scalar_prefetch", ErrorKind::DType, m));
+        }
+        self.kernel.prefetch.push(array);
+        self.kernel.values.push(MType::smem(DType::I32, &dims));
+        Ok(MValue(ValueId((self.kernel.values.len() - 1) as u32)))
+    }
+
+    /// Sets the scoped VMEM the kernel may use (`vmem_limit_bytes`), in place of the target's
+    /// default: [`check::vmem`](super::check::vmem) checks against it, and the custom call
+    /// carries it. At most [`check::VMEM_CAPACITY`](super::check::VMEM_CAPACITY) bytes.
+    pub fn vmem_limit(&mut self, bytes: u64) -> Result<(), BuildError> {
+        let cap = super::check::VMEM_CAPACITY;
+        if bytes == 0 || bytes > cap || !bytes.is_multiple_of(1024) {
+            let m = format!(
+                "vmem_limit_bytes {bytes}: a limit is a positive multiple of 1 KiB, at most the {cap} bytes of VMEM a TensorCore has"
+            );
+            return Err(self.error("vmem_limit_bytes", ErrorKind::VmemLimit, m));
+        }
+        self.kernel.vmem_limit_bytes = Some(bytes);
+        Ok(())
     }
 
     /// An input: the array, its block shape, and the block index per dim from the grid.
@@ -457,6 +505,12 @@ impl TiledBuilder {
         at: &[MValue],
         value: MValue,
     ) -> Result<(), BuildError> {
+        let p = self.kernel.prefetch.len() as u32;
+        let g = self.kernel.grid.len() as u32;
+        if (g..g + p).contains(&memref.0.0) {
+            let m = format!("scalar-prefetch table {} is read-only", memref.0.0 - g);
+            return Err(self.error("memref.store", ErrorKind::Verify, m));
+        }
         let indices = self.slice_indices(memref, at, "memref.store")?;
         self.push(Op::ScalarStore { memref: memref.0, indices, value: value.0 })?;
         Ok(())

@@ -4,7 +4,9 @@
 //!
 //! libtpu checks the tiling rule itself (`E2002`) and the VMEM limit (`E1001`), but neither
 //! whether an index map leaves its array nor whether the grid writes every block of an output;
-//! these are checked here only.
+//! these are checked here only. A block index read from a scalar-prefetch table is data: its
+//! range is not known here (the interpreter checks it on the values it is given), and an
+//! output whose blocks it picks must alias an input.
 
 use std::collections::BTreeSet;
 
@@ -180,21 +182,37 @@ pub fn coverage(kernel: &Kernel) -> Result<(), BuildError> {
             return Err(error(kernel, "window_params", ErrorKind::Coverage, m));
         }
         let output = i >= kernel.num_inputs;
-        let mut seen: BTreeSet<Vec<i64>> = BTreeSet::new();
+        let aliased = output && kernel.aliases.iter().any(|(_, o)| *o + kernel.num_inputs == i);
+        // A block index read from a prefetch table is known only when the kernel runs: its
+        // range is not checked here, and an output whose blocks it picks must alias an input,
+        // so that blocks the data does not pick keep defined contents.
+        if output && !aliased && kernel.data_dependent(i) {
+            let m = format!(
+                "{name}: its index map reads a scalar-prefetch table, so which blocks the grid writes depends on the data; alias it to an input (`aliases(o = x)`) so unwritten blocks keep that input's contents"
+            );
+            return Err(error(kernel, "window_params", ErrorKind::Coverage, m));
+        }
+        let mut seen: BTreeSet<Vec<Option<i64>>> = BTreeSet::new();
         let mut point = vec![0u64; kernel.grid.len()];
         for _ in 0..steps {
-            let block: Vec<i64> = w
+            let block: Vec<Option<i64>> = w
                 .index_map
                 .iter()
                 .map(|e| match e {
-                    IndexExpr::Grid(axis) => point[*axis] as i64,
-                    IndexExpr::Const(c) => *c,
+                    IndexExpr::Grid(axis) => Some(point[*axis] as i64),
+                    IndexExpr::Const(c) => Some(*c),
+                    IndexExpr::Prefetch { .. } => None,
                 })
                 .collect();
-            if let Some(d) = block.iter().zip(&counts).position(|(b, n)| *b < 0 || *b as u64 >= *n)
-            {
+            let outside = |(b, n): (&Option<i64>, &u64)| b.is_some_and(|b| b < 0 || b as u64 >= *n);
+            if let Some(d) = block.iter().zip(&counts).position(outside) {
+                let block: Vec<String> = block
+                    .iter()
+                    .map(|b| b.map_or_else(|| "(prefetched)".to_owned(), |b| b.to_string()))
+                    .collect();
                 let m = format!(
-                    "{name}: at grid point {point:?} the index map gives block {block:?}, outside the {counts:?} blocks of {} (dim {d})",
+                    "{name}: at grid point {point:?} the index map gives block [{}], outside the {counts:?} blocks of {} (dim {d})",
+                    block.join(", "),
                     w.array
                 );
                 return Err(error(kernel, "window_params", ErrorKind::Coverage, m));
@@ -214,7 +232,6 @@ pub fn coverage(kernel: &Kernel) -> Result<(), BuildError> {
         let total: u64 = counts.iter().product();
         // An output aliased to an input keeps the input's contents where the grid does not
         // write (an in-place update of some blocks).
-        let aliased = output && kernel.aliases.iter().any(|(_, o)| *o + kernel.num_inputs == i);
         if output && !aliased && (seen.len() as u64) < total {
             let m = format!(
                 "{name}: the grid {:?} writes {} of the {total} blocks of {} (blocks {:?}): the rest would be left unwritten",
@@ -229,6 +246,10 @@ pub fn coverage(kernel: &Kernel) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// The VMEM of one TensorCore of the generations the project compiles for (v5e and v6e both
+/// have 128 MiB): the most a kernel's `vmem_limit_bytes` may ask for.
+pub const VMEM_CAPACITY: u64 = 128 << 20;
+
 /// A TPU generation's scoped VMEM budget (libtpu's default; `vmem_limit_bytes` raises it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -239,6 +260,12 @@ pub struct Target {
 impl Target {
     pub const V5E: Target = Target { name: "v5e", scoped_vmem_bytes: 16 << 20 };
     pub const V6E: Target = Target { name: "v6e", scoped_vmem_bytes: 32 << 20 };
+
+    /// The scoped VMEM `kernel` may use on this target: its own `vmem_limit_bytes`, or the
+    /// target's default.
+    pub fn limit_for(self, kernel: &Kernel) -> u64 {
+        kernel.vmem_limit_bytes.unwrap_or(self.scoped_vmem_bytes)
+    }
 }
 
 /// The scoped VMEM a kernel needs: every window's block twice (the pipeline double-buffers
@@ -256,11 +283,16 @@ pub fn vmem_bytes(kernel: &Kernel) -> u64 {
 /// The kernel fits `target`'s scoped VMEM.
 pub fn vmem(kernel: &Kernel, target: Target) -> Result<(), BuildError> {
     let need = vmem_bytes(kernel);
-    if need > target.scoped_vmem_bytes {
-        let m = format!(
-            "blocks (double-buffered) and scratch need {need} bytes of VMEM, over {}'s scoped limit of {} bytes",
-            target.name, target.scoped_vmem_bytes
-        );
+    let limit = target.limit_for(kernel);
+    if need > limit {
+        let whose = match kernel.vmem_limit_bytes {
+            Some(_) => {
+                format!("the kernel's vmem_limit_bytes of {limit} bytes (on {})", target.name)
+            }
+            None => format!("{}'s scoped limit of {limit} bytes", target.name),
+        };
+        let m =
+            format!("blocks (double-buffered) and scratch need {need} bytes of VMEM, over {whose}");
         return Err(error(kernel, "vmem", ErrorKind::VmemLimit, m));
     }
     Ok(())

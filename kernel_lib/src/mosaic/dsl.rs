@@ -87,6 +87,20 @@ impl Tiled {
         })
     }
 
+    /// A scalar-prefetch table (a 1-d `i32` array, whole in SMEM, before the inputs): index
+    /// maps pick blocks by it ([`IndexExpr::Prefetch`]), and the body reads it with
+    /// [`Block::get`] (`num_scalar_prefetch` in Pallas).
+    pub fn prefetch(&self, array: TensorType) -> Result<Block<'_>, BuildError> {
+        let v = self.b.borrow_mut().prefetch(array)?;
+        Ok(Block { t: self, v })
+    }
+
+    /// The scoped VMEM the kernel may use (`vmem_limit_bytes` in Pallas's compiler params),
+    /// in place of each target's default.
+    pub fn vmem_limit(&self, bytes: u64) -> Result<(), BuildError> {
+        self.b.borrow_mut().vmem_limit(bytes)
+    }
+
     /// An input window: the array, its block and the block index per dim.
     pub fn input(
         &self,

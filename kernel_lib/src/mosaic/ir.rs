@@ -36,6 +36,10 @@ pub enum IndexExpr {
     Grid(usize),
     /// A fixed block index.
     Const(i64),
+    /// Element `program_id(axis)` of scalar-prefetch table `table` (`ids[i]` in an index map
+    /// that takes the prefetched refs): a block index chosen by data the kernel is given,
+    /// read from SMEM before the step's blocks are fetched.
+    Prefetch { table: usize, axis: usize },
 }
 
 /// A window: the block of an input or output a grid step sees, and where it is.
@@ -287,13 +291,17 @@ pub struct Region {
 
 /// A Mosaic kernel: the grid and its windows, the scratch buffers and the body.
 ///
-/// Values `0..grid.len()` are the grid indices (`i32`), then one memref per window (inputs,
-/// then outputs; block-shaped, in VMEM), then one per scratch buffer.
+/// Values `0..grid.len()` are the grid indices (`i32`), then one SMEM memref per scalar-prefetch
+/// table, then one memref per window (inputs, then outputs; block-shaped, in VMEM), then one
+/// per scratch buffer.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Kernel {
     pub name: String,
     pub grid: Vec<u64>,
     pub semantics: Vec<Semantics>,
+    /// The scalar-prefetch tables (1-d `i32` arrays): the custom call's first operands, whole
+    /// in SMEM, read by index maps and the body.
+    pub prefetch: Vec<TensorType>,
     /// Inputs, then outputs.
     pub windows: Vec<Window>,
     pub num_inputs: usize,
@@ -302,6 +310,9 @@ pub struct Kernel {
     /// `(input, output)` pairs whose arrays are one buffer (`input_output_aliases`): the output
     /// starts as the input's contents, so blocks the grid does not write keep them.
     pub aliases: Vec<(usize, usize)>,
+    /// The scoped VMEM the kernel may use (`vmem_limit_bytes`), in place of the target's
+    /// default; `None` keeps the default.
+    pub vmem_limit_bytes: Option<u64>,
     /// The type of every value, indexed by [`ValueId`].
     pub values: Vec<MType>,
     /// Region 0 is the body.
@@ -317,9 +328,15 @@ impl Kernel {
         &self.regions[r.0 as usize]
     }
 
-    /// How many values are the kernel's arguments (grid indices, windows, scratch).
+    /// How many values are the kernel's arguments (grid indices, prefetch tables, windows,
+    /// scratch).
     pub fn num_args(&self) -> usize {
-        self.grid.len() + self.windows.len() + self.scratch.len()
+        self.grid.len() + self.prefetch.len() + self.windows.len() + self.scratch.len()
+    }
+
+    /// The custom call's operand arrays: the prefetch tables, then the input windows' arrays.
+    pub fn operands(&self) -> Vec<TensorType> {
+        self.prefetch.iter().chain(self.inputs().iter().map(|w| &w.array)).cloned().collect()
     }
 
     pub fn inputs(&self) -> &[Window] {
@@ -332,7 +349,22 @@ impl Kernel {
 
     /// The memref value of window `i`.
     pub fn window_value(&self, i: usize) -> ValueId {
-        ValueId((self.grid.len() + i) as u32)
+        ValueId((self.grid.len() + self.prefetch.len() + i) as u32)
+    }
+
+    /// The SMEM memref value of prefetch table `p`.
+    pub fn prefetch_value(&self, p: usize) -> ValueId {
+        ValueId((self.grid.len() + p) as u32)
+    }
+
+    /// The memref value of scratch buffer `j`.
+    pub fn scratch_value(&self, j: usize) -> ValueId {
+        ValueId((self.grid.len() + self.prefetch.len() + self.windows.len() + j) as u32)
+    }
+
+    /// Whether window `i`'s index map reads a prefetch table (its blocks depend on data).
+    pub fn data_dependent(&self, i: usize) -> bool {
+        self.windows[i].index_map.iter().any(|e| matches!(e, IndexExpr::Prefetch { .. }))
     }
 }
 

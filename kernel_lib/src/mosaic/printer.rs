@@ -225,6 +225,12 @@ pub(super) fn window_params(k: &Kernel) -> String {
     }))
 }
 
+/// The parameters of every transform function: the grid indices, then the scalar-prefetch
+/// tables (named as the kernel function names them).
+pub(super) fn transform_params(k: &Kernel) -> Vec<(String, &MType)> {
+    (0..k.grid.len() + k.prefetch.len()).map(|i| (format!("%arg{i}"), &k.values[i])).collect()
+}
+
 /// The entries of the kernel's `dimension_semantics` attribute, one per grid axis.
 pub(super) fn dimension_semantics(k: &Kernel) -> String {
     list(k.semantics.iter().map(|s| format!("#tpu.dimension_semantics<{}>", s.mlir())))
@@ -240,30 +246,39 @@ pub fn print_kernel(k: &Kernel) -> String {
     let _ = writeln!(p.out, "module {{");
     let _ = writeln!(
         p.out,
-        "  func.func {}({args}) attributes {{dimension_semantics = [{semantics}], iteration_bounds = array<i64: {}>, scalar_prefetch = 0 : i64, scratch_operands = {} : i64, tpu.core_type = #tpu.core_type<tc>, window_params = [{windows}]}} {{",
+        "  func.func {}({args}) attributes {{dimension_semantics = [{semantics}], iteration_bounds = array<i64: {}>, scalar_prefetch = {} : i64, scratch_operands = {} : i64, tpu.core_type = #tpu.core_type<tc>, window_params = [{windows}]}} {{",
         symbol(&k.name),
         list(&k.grid),
+        k.prefetch.len(),
         k.scratch.len()
     );
     p.region(RegionId(0), 2);
     let _ = writeln!(p.out, "    return");
     let _ = writeln!(p.out, "  }}");
-    let grid_args = list((0..k.grid.len()).map(|i| format!("%arg{i}: i32")));
+    let transform_args = list(transform_params(k).iter().map(|(n, t)| format!("{n}: {t}")));
     for (i, w) in k.windows.iter().enumerate() {
         let _ = writeln!(
             p.out,
-            "  func.func @transform_{i}({grid_args}) -> ({}) {{",
+            "  func.func @transform_{i}({transform_args}) -> ({}) {{",
             list(w.index_map.iter().map(|_| "i32"))
         );
         let mut results = Vec::with_capacity(w.index_map.len());
         let mut consts = 0;
-        for e in &w.index_map {
+        for (d, e) in w.index_map.iter().enumerate() {
             match e {
                 IndexExpr::Grid(axis) => results.push(format!("%arg{axis}")),
                 IndexExpr::Const(c) => {
                     let _ = writeln!(p.out, "    %c{consts}_i32 = arith.constant {c} : i32");
                     results.push(format!("%c{consts}_i32"));
                     consts += 1;
+                }
+                IndexExpr::Prefetch { table, axis } => {
+                    let t = k.grid.len() + table;
+                    let _ =
+                        writeln!(p.out, "    %i{d} = arith.index_cast %arg{axis} : i32 to index");
+                    let _ =
+                        writeln!(p.out, "    %p{d} = memref.load %arg{t}[%i{d}] : {}", k.values[t]);
+                    results.push(format!("%p{d}"));
                 }
             }
         }

@@ -15,7 +15,7 @@ use crate::text::Names;
 use crate::types::DType;
 
 use super::ir::{Compare, IndexExpr, InferCx, Kernel, Op, Reduce, op_name};
-use super::printer::{constant, dimension_semantics, list, window_params};
+use super::printer::{constant, dimension_semantics, list, transform_params, window_params};
 use super::types::MType;
 
 /// The serialization version the shipped form is written at (libtpu 0.0.52 reads 0 to 20;
@@ -248,16 +248,18 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
     let _ = writeln!(p.out, "    \"stable_mosaic.func.return\"() : () -> ()");
     let _ = writeln!(
         p.out,
-        "  }}) {{dimension_semantics = [{semantics}], function_type = ({arg_types}) -> (), iteration_bounds = array<i64: {}>, scalar_prefetch = 0 : i64, scratch_operands = {} : i64, sym_name = \"{}\", tpu.core_type = #tpu.core_type<tc>, window_params = [{windows}]}} : () -> ()",
+        "  }}) {{dimension_semantics = [{semantics}], function_type = ({arg_types}) -> (), iteration_bounds = array<i64: {}>, scalar_prefetch = {} : i64, scratch_operands = {} : i64, sym_name = \"{}\", tpu.core_type = #tpu.core_type<tc>, window_params = [{windows}]}} : () -> ()",
         list(&k.grid),
+        k.prefetch.len(),
         k.scratch.len(),
         crate::ir::escape(&k.name)
     );
-    let grid_types = list((0..k.grid.len()).map(|_| "i32"));
-    let grid_args = list((0..k.grid.len()).map(|i| format!("%arg{i}: i32")));
+    let params = transform_params(k);
+    let param_types = list(params.iter().map(|(_, t)| t));
+    let param_args = list(params.iter().map(|(n, t)| format!("{n}: {t}")));
     for (i, w) in k.windows.iter().enumerate() {
         let _ = writeln!(p.out, "  \"stable_mosaic.func.func\"() ({{");
-        let _ = writeln!(p.out, "  ^bb0({grid_args}):");
+        let _ = writeln!(p.out, "  ^bb0({param_args}):");
         let mut results = Vec::with_capacity(w.index_map.len());
         for (c, e) in w.index_map.iter().enumerate() {
             match e {
@@ -269,6 +271,19 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
                     );
                     results.push(format!("%c{c}"));
                 }
+                IndexExpr::Prefetch { table, axis } => {
+                    let t = k.grid.len() + table;
+                    let _ = writeln!(
+                        p.out,
+                        "    %i{c} = \"stable_mosaic.arith.index_cast\"(%arg{axis}) : (i32) -> index"
+                    );
+                    let _ = writeln!(
+                        p.out,
+                        "    %p{c} = \"stable_mosaic.memref.load\"(%arg{t}, %i{c}) : ({}, index) -> i32",
+                        k.values[t]
+                    );
+                    results.push(format!("%p{c}"));
+                }
             }
         }
         let result_types = list(w.index_map.iter().map(|_| "i32"));
@@ -279,7 +294,7 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
         );
         let _ = writeln!(
             p.out,
-            "  }}) {{function_type = ({grid_types}) -> ({result_types}), sym_name = \"transform_{i}\"}} : () -> ()"
+            "  }}) {{function_type = ({param_types}) -> ({result_types}), sym_name = \"transform_{i}\"}} : () -> ()"
         );
     }
     let _ = writeln!(p.out, "}}) {{stable_mosaic.version = {VERSION} : i64}} : () -> ()");

@@ -11,6 +11,9 @@
 //! - Each window's block is a `dynamic_slice` at `index_map(grid) * block` (inputs from the
 //!   function's arguments, outputs from the carried arrays); after the body each output block
 //!   is written back with `dynamic_update_slice`. Scratch is carried across steps, never reset.
+//! - Scalar-prefetch tables are `@main`'s first arguments, read in place: an index map entry
+//!   `table[axis]` is a one-element `dynamic_slice` of the table at the grid index (a table
+//!   value out of range is clamped, as in interpret mode; on a TPU it is the caller's bug).
 //! - The body's ops become the elementwise, reduce, broadcast, reshape and `dot_general` ops of
 //!   StableHLO; a `when` becomes a `stablehlo.case` whose branches give the blocks and scratch
 //!   the region writes (unchanged, or as the region leaves them).
@@ -30,13 +33,14 @@ use super::types::MType;
 /// Lowers `kernel` to its CPU twin: a StableHLO module whose `@main` takes the input arrays
 /// and returns the output arrays.
 pub fn cpu_twin(kernel: &Kernel) -> Result<Module, BuildError> {
-    let inputs: Vec<TensorType> = kernel.inputs().iter().map(|w| w.array.clone()).collect();
+    let inputs = kernel.operands();
     let outputs: Vec<TensorType> = kernel.outputs().iter().map(|w| w.array.clone()).collect();
     cpu_twin_for(kernel, &inputs, &outputs)
 }
 
 /// [`cpu_twin`] for a caller whose arrays have other shapes of the same size than the
-/// kernel's windows see: `@main` takes `inputs` and returns `outputs`, reshaped (row-major)
+/// kernel's windows see: `@main` takes `inputs` (the scalar-prefetch tables, then the inputs)
+/// and returns `outputs`, reshaped (row-major)
 /// to and from the windows' arrays, as [`custom_call_module_for`] does around the custom call.
 ///
 /// [`custom_call_module_for`]: super::wrap::custom_call_module_for
@@ -47,6 +51,7 @@ pub fn cpu_twin_for(
 ) -> Result<Module, BuildError> {
     let b = KernelBuilder::new(&kernel.name, inputs);
     let mut args = b.args();
+    let tables = args.drain(..kernel.prefetch.len().min(args.len())).collect::<Vec<_>>();
     for (a, w) in args.iter_mut().zip(kernel.inputs()) {
         if a.ty() != w.array {
             *a = a.reshape(w.array.shape.clone());
@@ -71,7 +76,7 @@ pub fn cpu_twin_for(
             let bound = b.scalar(DType::I32, steps as f64)?;
             b.compare(Direction::Lt, carried[0], bound)
         },
-        |carried| step(kernel, &b, &args, carried),
+        |carried| step(kernel, &b, &tables, &args, carried),
     )?;
     let mut results = result[1..=n_out].to_vec();
     for (r, caller) in results.iter_mut().zip(outputs) {
@@ -119,6 +124,7 @@ struct Step<'k, 'b> {
 fn step<'b>(
     kernel: &Kernel,
     b: &'b KernelBuilder,
+    tables: &[Tensor<'b>],
     args: &[Tensor<'b>],
     carried: &[Tensor<'b>],
 ) -> Result<Vec<Tensor<'b>>, BuildError> {
@@ -150,6 +156,11 @@ fn step<'b>(
             let index = match e {
                 IndexExpr::Grid(axis) => grid[*axis],
                 IndexExpr::Const(c) => b.scalar(DType::I32, *c as f64)?,
+                // The table's element at the grid index, as interpret mode reads it.
+                IndexExpr::Prefetch { table, axis } => {
+                    let one = b.dynamic_slice(tables[*table], &[grid[*axis]], &[1])?;
+                    b.reshape(one, &[] as &[u64])?
+                }
             };
             let block = b.scalar(DType::I32, *block as f64)?;
             s.push(b.binary(hlo::BinaryOp::Multiply, index, block)?);
@@ -160,9 +171,11 @@ fn step<'b>(
         st.memrefs.borrow_mut().insert(kernel.window_value(i).0, block);
         starts.push(s);
     }
+    for (p, table) in tables.iter().enumerate() {
+        st.memrefs.borrow_mut().insert(kernel.prefetch_value(p).0, *table);
+    }
     for (j, s) in scratch.iter().enumerate() {
-        let v = (kernel.grid.len() + kernel.windows.len() + j) as u32;
-        st.memrefs.borrow_mut().insert(v, *s);
+        st.memrefs.borrow_mut().insert(kernel.scratch_value(j).0, *s);
     }
     st.region(RegionId(0))?;
     // Write the output blocks back; carry the scratch.
@@ -173,8 +186,7 @@ fn step<'b>(
         next.push(b.dynamic_update_slice(*out, block, &starts[i])?);
     }
     for j in 0..scratch.len() {
-        let v = (kernel.grid.len() + kernel.windows.len() + j) as u32;
-        next.push(st.memrefs.borrow()[&v]);
+        next.push(st.memrefs.borrow()[&kernel.scratch_value(j).0]);
     }
     Ok(next)
 }

@@ -58,22 +58,23 @@ fn layout(ty: &TensorType) -> String {
     }
 }
 
-/// The `backend_config` JSON of the kernel's custom call carrying `form`.
+/// The `backend_config` JSON of the kernel's custom call carrying `form`; a kernel's
+/// `vmem_limit_bytes` becomes its scoped VMEM config (memory space 1 is VMEM).
 pub fn backend_config(kernel: &Kernel, form: Form) -> String {
-    match form {
-        Form::Shipped => {
-            let body = base64(print_kernel_serialized(kernel).as_bytes());
-            format!(
-                "{{\"custom_call_config\": {{\"body\": \"{body}\", \"serialization_format\": 1, \"needs_layout_passes\": true}}}}"
-            )
-        }
-        Form::Readable => {
-            let body = base64(print_kernel(kernel).as_bytes());
-            format!(
-                "{{\"custom_call_config\": {{\"body\": \"{body}\", \"needs_layout_passes\": true}}}}"
-            )
-        }
-    }
+    let (body, format) = match form {
+        Form::Shipped => (print_kernel_serialized(kernel), "\"serialization_format\": 1, "),
+        Form::Readable => (print_kernel(kernel), ""),
+    };
+    let body = base64(body.as_bytes());
+    let scoped = match kernel.vmem_limit_bytes {
+        Some(size) => format!(
+            ", \"scoped_memory_configs\": [{{\"memory_space\": 1, \"offset\": 0, \"size\": {size}}}]"
+        ),
+        None => String::new(),
+    };
+    format!(
+        "{{\"custom_call_config\": {{\"body\": \"{body}\", {format}\"needs_layout_passes\": true}}{scoped}}}"
+    )
 }
 
 /// The StableHLO module whose `@main` takes the kernel's input arrays and returns its outputs,
@@ -84,21 +85,23 @@ pub fn custom_call_module(kernel: &Kernel) -> String {
 
 /// [`custom_call_module`] carrying `form`.
 pub fn custom_call_module_as(kernel: &Kernel, form: Form) -> String {
-    let inputs: Vec<TensorType> = kernel.inputs().iter().map(|w| w.array.clone()).collect();
+    let inputs = kernel.operands();
     let outputs: Vec<TensorType> = kernel.outputs().iter().map(|w| w.array.clone()).collect();
     custom_call_module_for(kernel, form, &inputs, &outputs)
 }
 
 /// [`custom_call_module_as`] for a caller whose arrays have other shapes of the same size than
 /// the kernel's windows see (an `[..., D]` input the kernel views as `[rows, D]`): `@main`
-/// takes `inputs` and returns `outputs`, reshaping around the custom call (row-major, free).
+/// takes `inputs` (the prefetch tables, then the inputs) and returns `outputs`, reshaping
+/// around the custom call (row-major, free).
 pub fn custom_call_module_for(
     kernel: &Kernel,
     form: Form,
     inputs: &[TensorType],
     outputs: &[TensorType],
 ) -> String {
-    let views: Vec<&TensorType> = kernel.inputs().iter().map(|w| &w.array).collect();
+    let operands = kernel.operands();
+    let views: Vec<&TensorType> = operands.iter().collect();
     let out_views: Vec<&TensorType> = kernel.outputs().iter().map(|w| &w.array).collect();
     let join = |ts: &[&TensorType]| ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
     let tuple = |ts: &[&TensorType]| {
@@ -141,8 +144,9 @@ pub fn custom_call_module_for(
             .iter()
             .map(|(i, o)| {
                 format!(
-                    "#stablehlo.output_operand_alias<output_tuple_indices = [{}], operand_index = {i}, operand_tuple_indices = []>",
-                    tuple_index(*o)
+                    "#stablehlo.output_operand_alias<output_tuple_indices = [{}], operand_index = {}, operand_tuple_indices = []>",
+                    tuple_index(*o),
+                    kernel.prefetch.len() + i
                 )
             })
             .collect();

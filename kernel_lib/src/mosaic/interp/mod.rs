@@ -210,6 +210,8 @@ struct Window {
 struct Kernel {
     func: Func,
     grid: Vec<u64>,
+    /// How many of the call's operands are scalar-prefetch tables (the first ones).
+    prefetch: usize,
     windows: Vec<Window>,
     scratch: Vec<MType>,
 }
@@ -249,13 +251,17 @@ fn kernel(
             grid.len()
         )));
     }
-    if int_attr(&req("scalar_prefetch")?, "i64").map_err(e)? != 0 {
-        return Err(e("scalar prefetch is not read".into()));
-    }
+    let prefetch = int_attr(&req("scalar_prefetch")?, "i64").map_err(e)?;
+    let prefetch =
+        usize::try_from(prefetch).ok().filter(|p| *p <= call.inputs.len()).ok_or_else(|| {
+            e(format!("{prefetch} scalar-prefetch operands of {}", call.inputs.len()))
+        })?;
     let scratch = int_attr(&req("scratch_operands")?, "i64").map_err(e)?;
     let params = req("window_params")?;
     let mut windows = Vec::new();
-    let arrays: Vec<&(Vec<u64>, DType)> = call.inputs.iter().chain(&call.outputs).collect();
+    // Prefetch operands have no window: the windows are the other operands, then the results.
+    let arrays: Vec<&(Vec<u64>, DType)> =
+        call.inputs[prefetch..].iter().chain(&call.outputs).collect();
     for (wi, item) in list_attr(&params).map_err(e)?.into_iter().enumerate() {
         let mut w = Attrs::parse(item).map_err(e)?;
         let transform =
@@ -279,12 +285,12 @@ fn kernel(
             arrays.len()
         )));
     }
-    let (g, nw) = (grid.len(), windows.len());
+    let (g, p, nw) = (grid.len(), prefetch, windows.len());
     let scratch = usize::try_from(scratch).map_err(|_| e(format!("{scratch} scratch operands")))?;
-    if func.args.len() != g + nw + scratch || !func.results.is_empty() {
+    if func.args.len() != g + p + nw + scratch || !func.results.is_empty() {
         return Err(e(format!(
-            "{} parameters and {} results, not {g} grid indices, {nw} windows and {scratch} \
-             scratch buffers",
+            "{} parameters and {} results, not {g} grid indices, {p} prefetch tables, {nw} \
+             windows and {scratch} scratch buffers",
             func.args.len(),
             func.results.len()
         )));
@@ -294,7 +300,17 @@ fn kernel(
             return Err(e(format!("grid index {name} has type {ty}, not i32")));
         }
     }
-    for (wi, (w, (name, ty))) in windows.iter().zip(&func.args[g..g + nw]).enumerate() {
+    for (t, (name, ty)) in func.args[g..g + p].iter().enumerate() {
+        let (shape, dtype) = &call.inputs[t];
+        if *ty != MType::smem(*dtype, shape) {
+            return Err(e(format!(
+                "scalar-prefetch table {t} is a {shape:?} {dtype} operand, but {name} is {ty}, \
+                 not its SMEM memref"
+            )));
+        }
+    }
+    let transform_params: Vec<&MType> = func.args[..g + p].iter().map(|(_, t)| t).collect();
+    for (wi, (w, (name, ty))) in windows.iter().zip(&func.args[g + p..g + p + nw]).enumerate() {
         let dtype = arrays[wi].1;
         let ok = ty.is_memref() && ty.shape() == w.bounds && ty.dtype() == Some(dtype);
         if !ok || w.bounds.len() != w.array.len() {
@@ -307,23 +323,23 @@ fn kernel(
         let t = transforms
             .get(&w.transform)
             .ok_or_else(|| e(format!("window {wi}'s transform @{} is not defined", w.transform)))?;
-        let takes_grid =
-            t.args.len() == g && t.args.iter().all(|(_, t)| *t == MType::Scalar(DType::I32));
+        let takes_grid = t.args.iter().map(|(_, t)| t).eq(transform_params.iter().copied());
         let gives_block = t.results.len() == w.bounds.len()
             && t.results.iter().all(|t| *t == MType::Scalar(DType::I32));
         if !takes_grid || !gives_block {
             return t.at.fail(format!(
-                "@{} takes the {g} grid indices and returns {} block indices (all i32)",
+                "@{} takes the {g} grid indices (i32) and the {p} prefetch tables, and returns \
+                 {} block indices (i32)",
                 t.name,
                 w.bounds.len()
             ));
         }
     }
-    let scratch = func.args[g + nw..].iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
+    let scratch = func.args[g + p + nw..].iter().map(|(_, t)| t.clone()).collect::<Vec<_>>();
     if let Some(t) = scratch.iter().find(|t| !t.is_memref()) {
         return Err(e(format!("a scratch operand of type {t}")));
     }
-    Ok(Kernel { func, grid, windows, scratch })
+    Ok(Kernel { func, grid, prefetch, windows, scratch })
 }
 
 /// The functions of `text`, checked: the kernel (the one with `tpu.core_type`) and the others by
@@ -382,7 +398,10 @@ pub fn interpret(module: &str, inputs: &[Vec<f64>]) -> Result<Vec<Vec<f64>>, Str
     };
     let (func, transforms) = functions(text)?;
     let k = kernel(func, &transforms, &call)?;
-    let (g, nw, ni) = (k.grid.len(), k.windows.len(), call.inputs.len());
+    let (g, p, nw) = (k.grid.len(), k.prefetch, k.windows.len());
+    // `data` holds every operand, then every result; window `wi` is `data[p + wi]`, and the
+    // input windows end at `ni`.
+    let ni = call.inputs.len() - p;
     // Outputs start as NaN (interpret mode's "uninitialised"), or as the input they alias.
     let mut data: Vec<Vec<f64>> = inputs.to_vec();
     for (o, (shape, _)) in call.outputs.iter().enumerate() {
@@ -400,18 +419,29 @@ pub fn interpret(module: &str, inputs: &[Vec<f64>]) -> Result<Vec<Vec<f64>>, Str
         })
         .collect();
     let args = &k.func.args;
+    let tables: Vec<Val> = args[g..g + p]
+        .iter()
+        .zip(inputs)
+        .map(|((_, ty), data)| Val { ty: ty.clone(), data: data.clone() })
+        .collect();
     let steps: u64 = k.grid.iter().product();
     let mut point = vec![0u64; g];
     for _ in 0..steps {
         let mut env = Env::new();
-        for ((name, _), p) in args.iter().zip(&point) {
-            env.insert(name.clone(), i32_val(*p));
+        for ((name, _), x) in args.iter().zip(&point) {
+            env.insert(name.clone(), i32_val(*x));
+        }
+        for ((name, _), table) in args[g..].iter().zip(&tables) {
+            env.insert(name.clone(), table.clone());
         }
         let mut offsets = Vec::with_capacity(nw);
         for (wi, w) in k.windows.iter().enumerate() {
             let t = &transforms[&w.transform];
             let mut tenv: Env =
-                t.args.iter().zip(&point).map(|((n, _), p)| (n.clone(), i32_val(*p))).collect();
+                t.args.iter().zip(&point).map(|((n, _), x)| (n.clone(), i32_val(*x))).collect();
+            for ((name, _), table) in t.args[g..].iter().zip(&tables) {
+                tenv.insert(name.clone(), table.clone());
+            }
             let index = exec::run(&mut tenv, &t.body)?.unwrap_or_default();
             let index: Vec<i64> = index.iter().map(|v| v.data[0] as i64).collect();
             let at: Vec<u64> =
@@ -425,12 +455,12 @@ pub fn interpret(module: &str, inputs: &[Vec<f64>]) -> Result<Vec<Vec<f64>>, Str
                     w.transform, w.bounds, w.array
                 ));
             }
-            let (name, ty) = &args[g + wi];
-            let block = read_block(&data[wi], &w.array, &w.bounds, &at);
+            let (name, ty) = &args[g + p + wi];
+            let block = read_block(&data[p + wi], &w.array, &w.bounds, &at);
             env.insert(name.clone(), Val { ty: ty.clone(), data: block });
             offsets.push(at);
         }
-        for ((name, _), v) in args[g + nw..].iter().zip(&mut scratch) {
+        for ((name, _), v) in args[g + p + nw..].iter().zip(&mut scratch) {
             env.insert(
                 name.clone(),
                 std::mem::replace(v, Val { ty: MType::Index, data: Vec::new() }),
@@ -438,17 +468,17 @@ pub fn interpret(module: &str, inputs: &[Vec<f64>]) -> Result<Vec<Vec<f64>>, Str
         }
         exec::run(&mut env, &k.func.body)?;
         for wi in ni..nw {
-            let (name, _) = &args[g + wi];
+            let (name, _) = &args[g + p + wi];
             let block = env.remove(name).map(|v| v.data).unwrap_or_default();
             write_block(
-                &mut data[wi],
+                &mut data[p + wi],
                 &k.windows[wi].array,
                 &block,
                 &k.windows[wi].bounds,
                 &offsets[wi],
             );
         }
-        for ((name, _), v) in args[g + nw..].iter().zip(&mut scratch) {
+        for ((name, _), v) in args[g + p + nw..].iter().zip(&mut scratch) {
             if let Some(s) = env.remove(name) {
                 *v = s;
             }
@@ -461,7 +491,7 @@ pub fn interpret(module: &str, inputs: &[Vec<f64>]) -> Result<Vec<Vec<f64>>, Str
             point[axis] = 0;
         }
     }
-    Ok(data.split_off(ni))
+    Ok(data.split_off(p + ni))
 }
 
 #[cfg(test)]

@@ -1,0 +1,258 @@
+//! Scalar prefetch: `i32` tables the custom call takes before its inputs, whole in SMEM, read
+//! by index maps (blocks picked by data: a gather of row blocks, a scatter into an aliased
+//! output) and by the body. libtpu compiles both printed forms for v5e and v6e; the CPU twin
+//! and the interpreter of both forms compute what an f64 reference says; what Rust can tell is
+//! wrong is refused before libtpu, naming the table or the window.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
+
+use tpu_kernels::mosaic::dsl::Tiled;
+use tpu_kernels::mosaic::{
+    Form, IndexExpr, Kernel, Semantics, cpu_twin, custom_call_module_as, interpret, print_kernel,
+    print_kernel_serialized,
+};
+use tpu_kernels::{DType, ErrorKind, TensorType};
+use tpu_kernels_registry::numerics::{Tolerance, assert_close};
+use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
+use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+
+const BLOCK: u64 = 8;
+const COLS: u64 = 256;
+/// Row blocks of the source array.
+const SOURCE_BLOCKS: u64 = 6;
+/// Blocks gathered (the grid), some of them twice.
+const IDS: [i32; 4] = [4, 0, 4, 2];
+
+fn ids() -> TensorType {
+    TensorType::new(DType::I32, [IDS.len() as u64])
+}
+
+/// `o[block i] = x[block ids[i]] * (ids[i] + 1)`: the index map of `x` reads the table, and so
+/// does the body.
+fn gather(dtype: DType) -> Kernel {
+    let x = TensorType::new(dtype, [SOURCE_BLOCKS * BLOCK, COLS]);
+    let o = TensorType::new(dtype, [IDS.len() as u64 * BLOCK, COLS]);
+    let k = Tiled::new("gather_blocks", &[IDS.len() as u64], &[Semantics::Parallel]).unwrap();
+    let table = k.prefetch(ids()).unwrap();
+    let picked = [IndexExpr::Prefetch { table: 0, axis: 0 }, IndexExpr::Const(0)];
+    let x = k.input(x, &[BLOCK, COLS], &picked).unwrap();
+    let o = k.output(o, &[BLOCK, COLS], &[IndexExpr::Grid(0), IndexExpr::Const(0)]).unwrap();
+    let factor = (table.get(&[k.program_id(0)]) + 1).cast(DType::F32);
+    let y = x.load().cast(DType::F32) * factor.broadcast_to(&[BLOCK, COLS]);
+    o.store(y.cast(dtype));
+    k.finish().unwrap()
+}
+
+fn source() -> Vec<f64> {
+    (0..SOURCE_BLOCKS * BLOCK * COLS).map(|i| f64::from((i % 61) as u32) - 30.0).collect()
+}
+
+fn gathered(x: &[f64]) -> Vec<f64> {
+    let block = (BLOCK * COLS) as usize;
+    IDS.iter()
+        .flat_map(|id| {
+            let from = *id as usize * block;
+            x[from..from + block].iter().map(move |v| v * f64::from(id + 1))
+        })
+        .collect()
+}
+
+fn compiles_for_v5e_and_v6e(kernel: &Kernel) {
+    let Some(libtpu) = libtpu_for_tests() else { return };
+    for topology in ["v5e:1x1", "v6e:1x1"] {
+        let topo = Topology::new(&libtpu, topology).unwrap();
+        for form in [Form::Shipped, Form::Readable] {
+            topo.compile(
+                &Program::text(custom_call_module_as(kernel, form)),
+                &CompileOptions::new(),
+            )
+            .unwrap_or_else(|e| panic!("{} {topology} {form:?}: {e}", kernel.name));
+        }
+    }
+}
+
+fn interpreted_matches(kernel: &Kernel, inputs: &[Vec<f64>], want: &[f64]) {
+    for form in [Form::Readable, Form::Shipped] {
+        let out = interpret(&custom_call_module_as(kernel, form), inputs)
+            .unwrap_or_else(|e| panic!("{} {form:?}: {e}", kernel.name));
+        let what = format!("{} interpreter ({form:?})", kernel.name);
+        assert_close(&what, &out[0], want, Tolerance::new(0.0, 0.0));
+    }
+}
+
+fn table() -> Vec<f64> {
+    IDS.iter().map(|i| f64::from(*i)).collect()
+}
+
+#[test]
+fn a_prefetched_table_is_the_first_operand_and_every_transform_reads_it() {
+    let k = gather(DType::F32);
+    let readable = print_kernel(&k);
+    assert!(readable.contains("scalar_prefetch = 1 : i64"), "{readable}");
+    // The kernel takes the grid index, the table, then the windows; every transform function
+    // takes the grid index and the table, and `x`'s loads its block index from it.
+    assert!(readable.contains("(%arg0: i32, %arg1: memref<4xi32, #tpu.memory_space<smem>>, %arg2: memref<8x256xf32, #tpu.memory_space<vmem>>"), "{readable}");
+    assert!(readable.contains("func.func @transform_1(%arg0: i32, %arg1: memref<4xi32, #tpu.memory_space<smem>>) -> (i32, i32)"), "{readable}");
+    assert!(
+        readable.contains("%p0 = memref.load %arg1[%i0] : memref<4xi32, #tpu.memory_space<smem>>"),
+        "{readable}"
+    );
+    let shipped = print_kernel_serialized(&k);
+    assert!(shipped.contains("\"stable_mosaic.memref.load\"(%arg1, %i0) : (memref<4xi32, #tpu.memory_space<smem>>, index) -> i32"), "{shipped}");
+    assert!(
+        shipped.contains(
+            "function_type = (i32, memref<4xi32, #tpu.memory_space<smem>>) -> (i32, i32)"
+        ),
+        "{shipped}"
+    );
+    let call = custom_call_module_as(&k, Form::Shipped);
+    assert!(call.contains("@main(%arg0: tensor<4xi32>, %arg1: tensor<48x256xf32>)"), "{call}");
+    assert!(
+        call.contains(
+            "operand_layouts = [dense<0> : tensor<1xindex>, dense<[1, 0]> : tensor<2xindex>]"
+        ),
+        "{call}"
+    );
+}
+
+#[test]
+fn blocks_picked_by_a_prefetched_table_compile_for_v5e_and_v6e() {
+    for dtype in [DType::F32, DType::BF16] {
+        compiles_for_v5e_and_v6e(&gather(dtype));
+    }
+}
+
+#[test]
+fn the_twin_and_the_interpreter_gather_the_blocks_the_table_names() {
+    let k = gather(DType::F32);
+    let x = source();
+    let want = gathered(&x);
+    interpreted_matches(&k, &[table(), x.clone()], &want);
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = client
+        .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
+        .unwrap();
+    let ids = client.buffer_from_host(&IDS, &[IDS.len() as i64]).unwrap();
+    let x32: Vec<f32> = x.iter().map(|v| *v as f32).collect();
+    let xb = client.buffer_from_host(&x32, &[(SOURCE_BLOCKS * BLOCK) as i64, COLS as i64]).unwrap();
+    let out = exe.execute(&[&ids, &xb]).unwrap()[0].to_vec::<f32>().unwrap();
+    assert_close("gather_blocks twin", &out, &want, Tolerance::new(0.0, 0.0));
+}
+
+#[test]
+fn an_index_the_table_takes_out_of_the_array_is_caught_by_the_interpreter() {
+    let k = gather(DType::F32);
+    let mut bad = table();
+    bad[2] = SOURCE_BLOCKS as f64;
+    let e = interpret(&custom_call_module_as(&k, Form::Shipped), &[bad, source()]).unwrap_err();
+    assert!(e.contains("at grid point [2]") && e.contains("leaves its [48, 256] array"), "{e}");
+}
+
+/// `o = base`, then `o[block ids[i]] = x[block i]`: an output whose blocks the table picks,
+/// aliased to `base` so the blocks no id names keep its contents.
+fn scatter(alias: bool) -> Result<Kernel, tpu_kernels::BuildError> {
+    let base = TensorType::new(DType::F32, [SOURCE_BLOCKS * BLOCK, COLS]);
+    let x = TensorType::new(DType::F32, [IDS.len() as u64 * BLOCK, COLS]);
+    // The grid runs in order: a repeated id is written by its last step, as on a TPU core.
+    let k = Tiled::new("scatter_blocks", &[IDS.len() as u64], &[Semantics::Arbitrary])?;
+    k.prefetch(ids())?;
+    let picked = [IndexExpr::Prefetch { table: 0, axis: 0 }, IndexExpr::Const(0)];
+    let _base = k.input(base.clone(), &[BLOCK, COLS], &picked)?;
+    let x = k.input(x, &[BLOCK, COLS], &[IndexExpr::Grid(0), IndexExpr::Const(0)])?;
+    let o = k.output(base, &[BLOCK, COLS], &picked)?;
+    if alias {
+        k.alias(0, 0)?;
+    }
+    o.store(x.load());
+    k.finish()
+}
+
+#[test]
+fn an_aliased_output_takes_blocks_where_the_table_says() {
+    let k = scatter(true).unwrap();
+    let call = custom_call_module_as(&k, Form::Shipped);
+    // The alias names the custom call's operand: the table is operand 0, `base` operand 1.
+    assert!(call.contains("operand_index = 1, operand_tuple_indices = []"), "{call}");
+    compiles_for_v5e_and_v6e(&k);
+    let base = source();
+    let x: Vec<f64> = (0..IDS.len() as u64 * BLOCK * COLS).map(|i| 1000.0 + i as f64).collect();
+    let block = (BLOCK * COLS) as usize;
+    let mut want = base.clone();
+    for (i, id) in IDS.iter().enumerate() {
+        let to = *id as usize * block;
+        want[to..to + block].copy_from_slice(&x[i * block..(i + 1) * block]);
+    }
+    interpreted_matches(&k, &[table(), base.clone(), x.clone()], &want);
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = client
+        .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
+        .unwrap();
+    let f32s = |v: &[f64]| v.iter().map(|v| *v as f32).collect::<Vec<f32>>();
+    let ids = client.buffer_from_host(&IDS, &[IDS.len() as i64]).unwrap();
+    let rows = |v: &[f64]| (v.len() as u64 / COLS) as i64;
+    let bb = client.buffer_from_host(&f32s(&base), &[rows(&base), COLS as i64]).unwrap();
+    let xb = client.buffer_from_host(&f32s(&x), &[rows(&x), COLS as i64]).unwrap();
+    let out = exe.execute(&[&ids, &bb, &xb]).unwrap()[0].to_vec::<f32>().unwrap();
+    assert_close("scatter_blocks twin", &out, &want, Tolerance::new(0.0, 0.0));
+}
+
+#[test]
+fn an_output_whose_blocks_the_table_picks_must_alias_an_input() {
+    let e = scatter(false).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Coverage, "{e}");
+    assert!(e.message.contains("output 0: its index map reads a scalar-prefetch table"), "{e}");
+    assert!(e.message.contains("alias it to an input"), "{e}");
+}
+
+#[test]
+fn a_wrong_table_or_a_write_to_one_is_refused_naming_it() {
+    let grid = [IDS.len() as u64];
+    let x = TensorType::new(DType::F32, [SOURCE_BLOCKS * BLOCK, COLS]);
+    let new = || Tiled::new("bad_prefetch", &grid, &[Semantics::Parallel]).unwrap();
+    // Not i32, or not 1-d.
+    for table in [TensorType::new(DType::F32, [4]), TensorType::new(DType::I32, [2, 2])] {
+        let e = new().prefetch(table.clone()).unwrap_err();
+        assert!(e.message.contains("a scalar-prefetch table is a 1-d, non-empty i32 array"), "{e}");
+        assert!(e.message.contains(&table.to_string()), "{e}");
+    }
+    // After a window.
+    let k = new();
+    k.input(x.clone(), &[BLOCK, COLS], &[IndexExpr::Grid(0), IndexExpr::Const(0)]).unwrap();
+    let e = k.prefetch(ids()).unwrap_err();
+    assert!(e.message.contains("declared before the windows"), "{e}");
+    // An index map reading a table the kernel does not have.
+    let k = new();
+    k.prefetch(ids()).unwrap();
+    let map = [IndexExpr::Prefetch { table: 1, axis: 0 }, IndexExpr::Const(0)];
+    let e = k.input(x.clone(), &[BLOCK, COLS], &map).unwrap_err();
+    assert!(e.message.contains("reads scalar-prefetch table 1; the kernel has 1"), "{e}");
+    // The body writing a table.
+    let k = new();
+    let table = k.prefetch(ids()).unwrap();
+    let map = [IndexExpr::Grid(0), IndexExpr::Const(0)];
+    let x = k.input(x.clone(), &[BLOCK, COLS], &map).unwrap();
+    let o = k.output(TensorType::new(DType::F32, [32, COLS]), &[BLOCK, COLS], &map).unwrap();
+    table.set(&[0i64], k.index(1));
+    o.store(x.load());
+    let e = k.finish().unwrap_err();
+    assert!(e.message.contains("scalar-prefetch table 0 is read-only"), "{e}");
+}
+
+#[test]
+fn a_vmem_limit_travels_in_the_backend_config_and_is_checked() {
+    let k = gather(DType::F32);
+    let with = |bytes: u64| {
+        let t = Tiled::new("limited", &[1], &[Semantics::Parallel]).unwrap();
+        t.vmem_limit(bytes).map(|_| t)
+    };
+    let e = with(200 << 20).unwrap_err();
+    assert!(e.message.contains("vmem_limit_bytes 209715200"), "{e}");
+    assert!(with(1000).is_err() && with(0).is_err());
+    let mut limited = k.clone();
+    limited.vmem_limit_bytes = Some(48 << 20);
+    let call = custom_call_module_as(&limited, Form::Shipped);
+    let config = "\\22scoped_memory_configs\\22: [{\\22memory_space\\22: 1, \\22offset\\22: 0, \\22size\\22: 50331648}]";
+    assert!(call.contains(config), "{call}");
+    compiles_for_v5e_and_v6e(&limited);
+    // The interpreter reads a config that carries one.
+    interpreted_matches(&limited, &[table(), source()], &gathered(&source()));
+}
