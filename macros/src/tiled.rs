@@ -1,6 +1,7 @@
-//! The tiled form: `tiled(tiles(...), grid = [...], semantics = [...], inputs(...),
-//! outputs(...), scratch(...))`, checked against the function and turned into the kernel's
-//! plan (tile sizes, grid, blocks per signature) and its builder.
+//! The tiled form: `tiled(tiles(...), grid = [...], semantics = [...], prefetch(...),
+//! inputs(...), outputs(...), scratch(...), aliases(...), vmem_limit = ...)`, checked against
+//! the function and turned into the kernel's plan (tile sizes, grid, blocks per signature) and
+//! its builder.
 //!
 //! Sizes are expressions over the dimensions named in `shapes`, earlier tiles and integers:
 //! `+ - * / %` (`/` must divide exactly), `min`, `max`, `cdiv`, `round_up`, `numel(x)` and
@@ -25,8 +26,21 @@ use crate::ctxt::Ctxt;
 use crate::types::DType;
 
 /// Keys of `tiled(...)`.
-pub const KEYS: &[&str] =
-    &["tiles", "grid", "semantics", "inputs", "outputs", "scratch", "aliases"];
+pub const KEYS: &[&str] = &[
+    "tiles",
+    "grid",
+    "semantics",
+    "prefetch",
+    "inputs",
+    "outputs",
+    "scratch",
+    "aliases",
+    "vmem_limit",
+];
+
+/// The VMEM of one TensorCore (v5e, v6e): the most `vmem_limit` may ask for
+/// (`tpu_kernels::mosaic::check::VMEM_CAPACITY`).
+const VMEM_CAPACITY: u64 = 128 << 20;
 
 /// The sublane and lane tiling of a block's last two dims (`tpu_kernels::mosaic::check`).
 const TILING: (u64, u64) = (8, 128);
@@ -53,6 +67,11 @@ pub enum SizeExpr {
 pub enum IndexEntry {
     Grid(usize),
     Const(i64),
+    /// `table[axis]`: a scalar-prefetch table read at a grid index.
+    Prefetch {
+        table: usize,
+        axis: usize,
+    },
 }
 
 pub struct WindowModel {
@@ -78,6 +97,7 @@ pub struct ScratchModel {
 #[derive(Clone, Copy)]
 pub enum CallArg {
     Ctx,
+    Prefetch(usize),
     Input(usize),
     Output(usize),
     Scratch(usize),
@@ -88,6 +108,8 @@ pub struct TiledModel {
     pub tiles: Vec<(Ident, SizeExpr)>,
     pub grid: Vec<SizeExpr>,
     pub parallel: Vec<bool>,
+    /// The scalar-prefetch tables: the first tensor parameters, by name.
+    pub prefetch: Vec<String>,
     pub inputs: Vec<WindowModel>,
     pub outputs: Vec<WindowModel>,
     pub scratch: Vec<ScratchModel>,
@@ -95,6 +117,8 @@ pub struct TiledModel {
     pub fallible: bool,
     /// `(input, output)` windows that are one buffer.
     pub aliases: Vec<(usize, usize)>,
+    /// The kernel's scoped VMEM limit in bytes, when it sets one.
+    pub vmem_limit: Option<u64>,
 }
 
 /// The raw pieces of `tiled(...)`, before they are checked against the function.
@@ -103,10 +127,12 @@ struct Raw {
     tiles: Option<(Span, Vec<(Ident, Expr)>)>,
     grid: Option<(Span, Vec<Expr>)>,
     semantics: Option<(Span, Vec<Expr>)>,
+    prefetch: Option<(Span, Vec<Ident>)>,
     inputs: Option<(Span, Vec<(Ident, Expr)>)>,
     outputs: Option<(Span, Vec<(Ident, Expr)>)>,
     scratch: Option<(Span, Vec<(Ident, Expr)>)>,
     aliases: Option<(Span, Vec<(Ident, Expr)>)>,
+    vmem_limit: Option<(Span, Expr)>,
     /// `tiled(...)` did not parse: what follows its syntax error would be noise.
     malformed: bool,
 }
@@ -151,6 +177,18 @@ fn parse_raw(cx: &mut Ctxt, group: &proc_macro2::Group) -> Raw {
                 let slot = if key == "grid" { &mut raw.grid } else { &mut raw.semantics };
                 dup(cx, slot.is_some());
                 *slot = Some((span, array_items(value)));
+            }
+            "vmem_limit" => {
+                let value: Expr = meta.value()?.parse()?;
+                dup(cx, raw.vmem_limit.is_some());
+                raw.vmem_limit = Some((span, value));
+            }
+            "prefetch" => {
+                let content;
+                syn::parenthesized!(content in meta.input);
+                let names = content.parse_terminated(Ident::parse_any, Token![,])?;
+                dup(cx, raw.prefetch.is_some());
+                raw.prefetch = Some((span, names.into_iter().collect()));
             }
             "tiles" | "inputs" | "outputs" | "scratch" | "aliases" => {
                 let content;
@@ -477,6 +515,8 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
             .unwrap_or_default()
     };
     let (ins, outs, scratch) = (names(&raw.inputs), names(&raw.outputs), names(&raw.scratch));
+    let tables: Vec<String> =
+        raw.prefetch.iter().flat_map(|(_, v)| v.iter().map(|n| n.unraw().to_string())).collect();
     let mut stage = 0u8;
     let (mut ni, mut no, mut ns) = (0, 0, 0);
     let mut saw_ctx = false;
@@ -490,21 +530,24 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
                 saw_ctx = true;
             }
             ParamKind::Block => {
-                let (role, kind) = if ins.contains(&name) {
+                let (role, kind) = if tables.contains(&name) {
                     ni += 1;
                     (0, ParamKind::Tensor(ni - 1))
+                } else if ins.contains(&name) {
+                    ni += 1;
+                    (1, ParamKind::Tensor(ni - 1))
                 } else if outs.contains(&name) {
                     no += 1;
-                    (1, ParamKind::Output(no - 1))
+                    (2, ParamKind::Output(no - 1))
                 } else if scratch.contains(&name) {
                     ns += 1;
-                    (2, ParamKind::Scratch(ns - 1))
+                    (3, ParamKind::Scratch(ns - 1))
                 } else {
                     cx.error_spanned_by(
                         &p.ident,
                         format!(
-                            "block `{name}` has no spec: give it one in `inputs(...)`, \
-                             `outputs(...)` or `scratch(...)` of `tiled`"
+                            "block `{name}` has no spec: give it one in `prefetch(...)`, \
+                             `inputs(...)`, `outputs(...)` or `scratch(...)` of `tiled`"
                         ),
                     );
                     continue;
@@ -513,15 +556,34 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
                     cx.error_spanned_by(
                         &p.ident,
                         format!(
-                            "block `{name}` is out of order: a tiled kernel takes its input \
-                             blocks, then its output blocks, then its scratch buffers (as \
-                             Pallas passes refs)"
+                            "block `{name}` is out of order: a tiled kernel takes its \
+                             scalar-prefetch tables, then its input blocks, then its output \
+                             blocks, then its scratch buffers (as Pallas passes refs)"
                         ),
                     );
                 }
                 stage = stage.max(role);
                 p.kind = kind;
             }
+            _ => {}
+        }
+    }
+    let mut seen: Vec<String> = Vec::new();
+    for n in raw.prefetch.iter().flat_map(|(_, v)| v) {
+        let s = n.unraw().to_string();
+        if seen.contains(&s) {
+            cx.error_spanned_by(n, format!("`{s}` is declared twice"));
+        }
+        seen.push(s.clone());
+        match k.param(&s).map(|p| p.kind) {
+            Some(ParamKind::Static(..)) | Some(ParamKind::Ctx) => cx.error_spanned_by(
+                n,
+                format!("`{s}` is not a `Block` parameter: a prefetch table is a block"),
+            ),
+            None => cx.error_spanned_by(
+                n,
+                format!("prefetch table `{s}` is not a parameter of the kernel: add `{s}: Block`"),
+            ),
             _ => {}
         }
     }
@@ -536,6 +598,16 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
             }
             seen.push(s.clone());
             // Reported at the later declaration: the parameter took the first kind.
+            if tables.contains(&s) {
+                cx.error_spanned_by(
+                    n,
+                    format!(
+                        "`{s}` is a scalar-prefetch table (in `prefetch(...)`): a table is whole \
+                         in SMEM, with no {what} spec; an index map reads it as `{s}[i]`"
+                    ),
+                );
+                continue;
+            }
             let earlier = match what {
                 "output" if ins.contains(&s) => Some("an input"),
                 "scratch" if ins.contains(&s) => Some("an input"),
@@ -589,11 +661,13 @@ impl Assigned {
     }
 }
 
-/// The closure `|i, j, k| (i, k)`: grid axis or constant per array dim, with each entry's span.
+/// The closure `|i, j, k| (i, k)`: grid axis, constant or prefetch table read at a grid axis
+/// (`ids[i]`, `tables` naming the tables) per array dim, with each entry's span.
 fn index_map(
     cx: &mut Ctxt,
     e: &Expr,
     grid_rank: usize,
+    tables: &[String],
     what: &str,
 ) -> Option<Vec<(IndexEntry, Span)>> {
     let Expr::Closure(c) = e else {
@@ -638,11 +712,44 @@ fn index_map(
             && let Some(axis) = params.iter().position(|p| p.as_deref() == Some(n.as_str()))
         {
             out.push((IndexEntry::Grid(axis), item.span()));
+        } else if let Expr::Index(ix) = item {
+            let name = expr_ident(&ix.expr).unwrap_or_default();
+            let Some(table) = tables.iter().position(|t| *t == name) else {
+                cx.error_spanned_by(
+                    &ix.expr,
+                    format!(
+                        "`{}` is not a scalar-prefetch table: an index map reads a table named \
+                         in `prefetch(...)`{}",
+                        ix.expr.to_token_stream(),
+                        if tables.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" ({})", tables.join(", "))
+                        }
+                    ),
+                );
+                return None;
+            };
+            let at = expr_ident(&ix.index);
+            let Some(axis) =
+                at.and_then(|a| params.iter().position(|p| p.as_deref() == Some(a.as_str())))
+            else {
+                cx.error_spanned_by(
+                    &ix.index,
+                    format!(
+                        "table `{name}` is read at a grid index ({}): `{name}[i]`",
+                        params.iter().flatten().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                );
+                return None;
+            };
+            out.push((IndexEntry::Prefetch { table, axis }, item.span()));
         } else {
             cx.error_spanned_by(
                 item,
                 format!(
-                    "a block index of {what} is a grid index ({}) or an integer",
+                    "a block index of {what} is a grid index ({}), an integer, or a \
+                     scalar-prefetch table at a grid index (`ids[i]`)",
                     params.iter().flatten().cloned().collect::<Vec<_>>().join(", ")
                 ),
             );
@@ -659,6 +766,7 @@ fn window(
     name: &Ident,
     e: &Expr,
     grid_rank: usize,
+    tables: &[String],
     what: &str,
 ) -> Option<WindowModel> {
     let (call, view) = match e {
@@ -699,7 +807,7 @@ fn window(
         let s = names.size(cx, d)?;
         block.push((s, d.to_token_stream().to_string(), d.span()));
     }
-    let map = index_map(cx, &c.args[1], grid_rank, what)?;
+    let map = index_map(cx, &c.args[1], grid_rank, tables, what)?;
     if map.len() != block.len() {
         cx.error_spanned_by(
             &c.args[1],
@@ -820,9 +928,24 @@ pub fn check(
     let rank = grid_exprs.len();
     let mut inputs = Vec::new();
     let mut outputs = Vec::new();
+    let prefetch: Vec<String> = k
+        .params
+        .iter()
+        .filter(|p| matches!(p.kind, ParamKind::Tensor(_)))
+        .map(|p| p.ident.unraw().to_string())
+        .filter(|n| raw.prefetch.iter().flat_map(|(_, v)| v).any(|t| t.unraw() == n))
+        .collect();
+    let tensors = k.params.iter().filter(|p| matches!(p.kind, ParamKind::Tensor(_)));
+    if tensors.take(prefetch.len()).any(|p| !prefetch.contains(&p.ident.unraw().to_string())) {
+        // The tables are not the first tensors: reported by `assign`; what follows is noise.
+        return None;
+    }
     // Windows in parameter order (the order of the custom call's operands).
     for p in &k.params {
         let n = p.ident.unraw().to_string();
+        if prefetch.contains(&n) {
+            continue;
+        }
         let (list, what) = match p.kind {
             ParamKind::Tensor(_) => (&raw.inputs, "input"),
             ParamKind::Output(_) => (&raw.outputs, "output"),
@@ -831,7 +954,9 @@ pub fn check(
         let Some((id, e)) = list.iter().flat_map(|(_, v)| v).find(|(id, _)| id.unraw() == n) else {
             continue;
         };
-        let Some(w) = window(cx, &names, id, e, rank, &format!("{what} `{n}`")) else { continue };
+        let Some(w) = window(cx, &names, id, e, rank, &prefetch, &format!("{what} `{n}`")) else {
+            continue;
+        };
         if what == "input" { inputs.push(w) } else { outputs.push(w) }
     }
     let mut scratch = Vec::new();
@@ -849,10 +974,11 @@ pub fn check(
         }
     }
     // What can be known without a signature.
+    let np = prefetch.len();
     for (i, w) in inputs.iter().enumerate() {
         let array = match &w.view {
             Some(v) => Some(v.iter().map(|d| d.value(&names.tiles)).collect()),
-            None => declared_dims(attrs, k, i),
+            None => declared_dims(attrs, k, np + i),
         };
         static_window_checks(cx, &names, w, array, &format!("input `{}`", w.name));
     }
@@ -863,7 +989,25 @@ pub fn check(
         };
         static_window_checks(cx, &names, w, array, &format!("output `{}`", w.name));
     }
-    static_vmem(cx, &names, attrs, &inputs, &outputs, &scratch);
+    let vmem_limit = raw.vmem_limit.as_ref().and_then(|(span, e)| {
+        let bytes = names.size(cx, e)?.value(&names.tiles);
+        match bytes {
+            None => cx.error_spanned_by(
+                e,
+                "`vmem_limit` is a number of bytes the macro can compute: `48 * 1024 * 1024`",
+            ),
+            Some(b) if b == 0 || b > VMEM_CAPACITY || b % 1024 != 0 => cx.error_at(
+                *span,
+                format!(
+                    "`vmem_limit = {b}`: a limit is a positive multiple of 1024 bytes, at most \
+                     the {VMEM_CAPACITY} bytes of VMEM a TensorCore has"
+                ),
+            ),
+            Some(b) => return Some(b),
+        }
+        None
+    });
+    static_vmem(cx, &names, attrs, &inputs, &outputs, &scratch, vmem_limit);
     if let Some(body) = &k.item.body {
         check_matmuls(cx, &names, &inputs, &outputs, &scratch, body);
     }
@@ -872,7 +1016,8 @@ pub fn check(
     for p in &k.params {
         args.push(match p.kind {
             ParamKind::Ctx => CallArg::Ctx,
-            ParamKind::Tensor(i) => CallArg::Input(i),
+            ParamKind::Tensor(i) if i < np => CallArg::Prefetch(i),
+            ParamKind::Tensor(i) => CallArg::Input(i - np),
             ParamKind::Output(i) => CallArg::Output(i),
             ParamKind::Scratch(i) => CallArg::Scratch(i),
             ParamKind::Static(i, _) => CallArg::Static(i),
@@ -900,7 +1045,36 @@ pub fn check(
             (Some(o), Some(i)) => aliases.push((i, o)),
         }
     }
-    Some(TiledModel { tiles, grid, parallel, inputs, outputs, scratch, args, fallible, aliases })
+    // Which blocks of an output a table picks is data: Rust cannot see them all written.
+    for (o, w) in outputs.iter().enumerate() {
+        let picked = w.index_map.iter().position(|e| matches!(e, IndexEntry::Prefetch { .. }));
+        if let Some(d) = picked
+            && !aliases.iter().any(|(_, b)| *b == o)
+        {
+            cx.error_at(
+                w.index_spans[d],
+                format!(
+                    "output `{}`: its index map reads a scalar-prefetch table, so which blocks \
+                     the grid writes depends on the data; alias it to an input \
+                     (`aliases({} = x)`) so unwritten blocks keep that input's contents",
+                    w.name, w.name
+                ),
+            );
+        }
+    }
+    Some(TiledModel {
+        tiles,
+        grid,
+        parallel,
+        prefetch,
+        inputs,
+        outputs,
+        scratch,
+        args,
+        fallible,
+        aliases,
+        vmem_limit,
+    })
 }
 
 fn scratch_spec(cx: &mut Ctxt, names: &Names<'_>, id: &Ident, e: &Expr) -> Option<ScratchModel> {
@@ -1041,6 +1215,7 @@ fn static_vmem(
     inputs: &[WindowModel],
     outputs: &[WindowModel],
     scratch: &[ScratchModel],
+    vmem_limit: Option<u64>,
 ) {
     // The smallest element size the kernel may take: an overflow at it is one at every dtype.
     let elem = attrs
@@ -1076,15 +1251,21 @@ fn static_vmem(
             }
         }
     }
+    let (limit, whose) = match vmem_limit {
+        Some(l) => (l, format!("its `vmem_limit` ({l} bytes)")),
+        None => (
+            MAX_SCOPED_VMEM,
+            format!("the largest target's scoped limit ({MAX_SCOPED_VMEM} bytes on v6e)"),
+        ),
+    };
     if let Some((_, span)) = largest
-        && total > MAX_SCOPED_VMEM
+        && total > limit
     {
         cx.error_at(
             span,
             format!(
                 "the kernel needs at least {total} bytes of VMEM ({}; blocks double-buffered), \
-                 over the largest target's scoped limit ({MAX_SCOPED_VMEM} bytes on v6e): use \
-                 smaller blocks",
+                 over {whose}: use smaller blocks",
                 parts.join(", ")
             ),
         );
@@ -1295,16 +1476,28 @@ pub fn generate(
         let e = w.index_map.iter().map(|e| match e {
             IndexEntry::Grid(a) => quote!(#p::IndexExpr::Grid(#a)),
             IndexEntry::Const(c) => quote!(#p::IndexExpr::Const(#c)),
+            IndexEntry::Prefetch { table, axis } => {
+                quote!(#p::IndexExpr::Prefetch { table: #table, axis: #axis })
+            }
         });
         quote!(&[#(#e),*])
     };
     let mut lets = Vec::new();
+    let np = t.prefetch.len();
+    if let Some(bytes) = t.vmem_limit {
+        lets.push(quote!(__t.vmem_limit(#bytes)?;));
+    }
+    for i in 0..np {
+        let v = format_ident!("__pf_{}", i);
+        lets.push(quote!(let #v = __t.prefetch(__sig.inputs[#i].clone())?;));
+    }
     for (i, w) in t.inputs.iter().enumerate() {
         let v = format_ident!("__in_{}", i);
         let map = index_map(w);
+        let operand = np + i;
         lets.push(quote! {
             let #v = __t.input(
-                #p::tiled_view(&__sig.inputs[#i], &__plan.views[#i])
+                #p::tiled_view(&__sig.inputs[#operand], &__plan.views[#i])
                     .map_err(|m| #p::tiled_declined(#name, m))?,
                 &__plan.blocks[#i],
                 #map,
@@ -1340,6 +1533,10 @@ pub fn generate(
     for (param, arg) in k.params.iter().zip(&t.args) {
         call_args.push(match arg {
             CallArg::Ctx => quote!(&__t),
+            CallArg::Prefetch(i) => {
+                let v = format_ident!("__pf_{}", i);
+                quote!(#v)
+            }
             CallArg::Input(i) => {
                 let v = format_ident!("__in_{}", i);
                 quote!(#v)
@@ -1370,6 +1567,10 @@ pub fn generate(
     let all_views = in_views.iter().chain(&out_views);
     // Bytes per element of each scratch buffer in VMEM (SMEM buffers count 0).
     let elem_sizes = t.scratch.iter().map(|s| if s.smem { 0 } else { s.dtype.byte_size() as u64 });
+    let vmem_limit = match t.vmem_limit {
+        Some(b) => quote!(#p::Option::Some(#b)),
+        None => quote!(#p::Option::None),
+    };
     let entry = quote! {
         /// The tile sizes, grid, blocks and views of one signature.
         struct __Plan {
@@ -1392,6 +1593,8 @@ pub fn generate(
             #p::tiled_check_plan(
                 &REGISTRATION,
                 __sig,
+                #np,
+                #vmem_limit,
                 &__plan.blocks,
                 &__plan.views,
                 &__plan.scratch,

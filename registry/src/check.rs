@@ -190,11 +190,29 @@ pub fn interpreter_agreement(
 ) -> Result<f64, String> {
     let tpu = kernel.module_text(sig, Platform::Tpu).map_err(|e| e.to_string())?.text;
     let cpu = kernel.module_text(sig, Platform::Cpu).map_err(|e| e.to_string())?.text;
+    // A scalar-prefetch table holds block indices: random ones would leave the arrays (the
+    // interpreter refuses that, the twin clamps it), so each entry is a block that exists.
+    let bounds = match kernel.record.tiled_kernel(sig) {
+        Some(Ok(k)) => k.prefetch_bounds(),
+        _ => Vec::new(),
+    };
     let buffers: Vec<Buffer> = sig
         .inputs
         .iter()
         .enumerate()
-        .map(|(i, t)| upload(client, t, &random_bytes(t, i as u64 + 1)?))
+        .map(|(i, t)| {
+            let bytes = match bounds.get(i).copied().flatten() {
+                Some(n) => random_bytes(t, i as u64 + 1)?
+                    .chunks(4)
+                    .flat_map(|c| {
+                        let v = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        (v.rem_euclid(n.max(1) as i32)).to_le_bytes()
+                    })
+                    .collect(),
+                None => random_bytes(t, i as u64 + 1)?,
+            };
+            upload(client, t, &bytes)
+        })
         .collect::<Result<_, _>>()?;
     let values: Vec<Vec<f64>> = buffers.iter().map(buffer_as_f64).collect::<Result<_, _>>()?;
     let interpreted =

@@ -256,3 +256,77 @@ fn a_vmem_limit_travels_in_the_backend_config_and_is_checked() {
     // The interpreter reads a config that carries one.
     interpreted_matches(&limited, &[table(), source()], &gathered(&source()));
 }
+
+/// A paged cache update (the write half of paged attention): `new`'s row block `i` goes to
+/// page `pages[i]` of `cache`, in place; the pages no entry names keep their rows.
+#[tpu_kernels::tpu_kernel(
+    op = "prefetchtest::write_pages",
+    dtypes = [i32],
+    shapes(pages = [P], cache = f32[R, D], new = f32[N, D]),
+    require(N % 8 == 0, R % 8 == 0),
+    output = same_as(cache),
+    tiled(
+        prefetch(pages),
+        grid = [N / 8],
+        semantics = [arbitrary],
+        inputs(cache = block([8, D], |i| (pages[i], 0)), new = block([8, D], |i| (i, 0))),
+        outputs(out = block([8, D], |i| (pages[i], 0))),
+        aliases(out = cache),
+        vmem_limit = 24 * 1024 * 1024,
+    ),
+    canonical = ["i32[4], f32[48,256], f32[32,256]"],
+)]
+fn write_pages(
+    pages: tpu_kernels::mosaic::Block,
+    cache: tpu_kernels::mosaic::Block,
+    new: tpu_kernels::mosaic::Block,
+    out: tpu_kernels::mosaic::Block,
+) {
+    let _ = (pages, cache);
+    out.store(new.load());
+}
+
+#[test]
+fn the_macro_declares_prefetch_tables_index_maps_that_read_them_and_a_vmem_limit() {
+    let record = &write_pages::REGISTRATION;
+    let sig = record.parse_signature("i32[4], f32[48,256], f32[32,256]").unwrap();
+    let kernel = write_pages::kernel(&sig).unwrap();
+    assert_eq!(kernel.prefetch, vec![ids()]);
+    assert_eq!(kernel.aliases, vec![(0, 0)]);
+    assert_eq!(kernel.vmem_limit_bytes, Some(24 << 20));
+    let picked = vec![IndexExpr::Prefetch { table: 0, axis: 0 }, IndexExpr::Const(0)];
+    assert_eq!(kernel.windows[0].index_map, picked);
+    assert_eq!(kernel.windows[2].index_map, picked);
+    compiles_for_v5e_and_v6e(&kernel);
+    // A table that is not a 1-d i32 array is declined by the plan, not an error.
+    let bad = record.parse_signature("i32[2,2], f32[48,256], f32[32,256]").unwrap();
+    let why = write_pages::plan(&bad).unwrap_err();
+    assert!(why.contains("scalar-prefetch table 0 is tensor<2x2xi32>"), "{why}");
+    // The twin (what the registration emits off a TPU) and the interpreter agree on the data.
+    let cache = source();
+    let new: Vec<f64> = (0..32 * COLS).map(|i| -1.0 - i as f64).collect();
+    let block = (BLOCK * COLS) as usize;
+    let mut want = cache.clone();
+    for (i, id) in IDS.iter().enumerate() {
+        let to = *id as usize * block;
+        want[to..to + block].copy_from_slice(&new[i * block..(i + 1) * block]);
+    }
+    interpreted_matches(&kernel, &[table(), cache.clone(), new.clone()], &want);
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = client
+        .compile(
+            &Program::text(write_pages::module(&sig).unwrap().to_text()),
+            &CompileOptions::new(),
+        )
+        .unwrap();
+    let f32s = |v: &[f64]| v.iter().map(|v| *v as f32).collect::<Vec<f32>>();
+    let ids = client.buffer_from_host(&IDS, &[IDS.len() as i64]).unwrap();
+    let cb = client.buffer_from_host(&f32s(&cache), &[48, COLS as i64]).unwrap();
+    let nb = client.buffer_from_host(&f32s(&new), &[32, COLS as i64]).unwrap();
+    let out = exe.execute(&[&ids, &cb, &nb]).unwrap()[0].to_vec::<f32>().unwrap();
+    assert_close("write_pages twin", &out, &want, Tolerance::new(0.0, 0.0));
+    // `tpuk check`'s interpreter column fills the table with blocks that exist.
+    let k = tpu_kernels_registry::Kernel::from_static(record);
+    let worst = tpu_kernels_registry::check::interpreter_agreement(&client, &k, &sig).unwrap();
+    assert_eq!(worst, 0.0);
+}

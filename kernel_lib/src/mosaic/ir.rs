@@ -362,6 +362,24 @@ impl Kernel {
         ValueId((self.grid.len() + self.prefetch.len() + self.windows.len() + j) as u32)
     }
 
+    /// Per scalar-prefetch table, the values its index maps can take inside their arrays: the
+    /// fewest blocks along any dim a table picks (`None` for a table no index map reads).
+    pub fn prefetch_bounds(&self) -> Vec<Option<u64>> {
+        let mut bounds = vec![None; self.prefetch.len()];
+        for w in &self.windows {
+            let dims = w.array.shape.static_dims().unwrap_or_default();
+            for ((e, b), a) in w.index_map.iter().zip(&w.block).zip(&dims) {
+                if let IndexExpr::Prefetch { table, .. } = e
+                    && let Some(slot) = bounds.get_mut(*table)
+                {
+                    let n = a / b.max(&1);
+                    *slot = Some(slot.map_or(n, |m: u64| m.min(n)));
+                }
+            }
+        }
+        bounds
+    }
+
     /// Whether window `i`'s index map reads a prefetch table (its blocks depend on data).
     pub fn data_dependent(&self, i: usize) -> bool {
         self.windows[i].index_map.iter().any(|e| matches!(e, IndexExpr::Prefetch { .. }))
