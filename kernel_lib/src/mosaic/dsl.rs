@@ -26,6 +26,9 @@
 //! | `x.load_at(&[ds(i, 8), all()])`, `o.store_at(&[ds(i, 8), all()], v)` | `x_ref[pl.ds(i, 8), :]`, `o_ref[pl.ds(i, 8), :] = v` |
 //! | `(i * 8).multiple_of(8)` | `pl.multiple_of(i * 8, 8)` |
 //! | `s.get(&[0])`, `s.set(&[0], v)` on SMEM scratch | `s_ref[0]`, `s_ref[0] = v` |
+//! | `prefetch(ids)`, index map `\|i\| (ids[i], 0)`, `ids.get(&[i])` | `num_scalar_prefetch=1`, `lambda i, ids: (ids[i], 0)`, `ids_ref[i]` |
+//! | `aliases(o = x)` | `input_output_aliases={1: 0}` |
+//! | `vmem_limit = 48 * 1024 * 1024` | `pltpu.CompilerParams(vmem_limit_bytes=...)` |
 //! | `k.program_id(a)`, `k.num_programs(a)` | `pl.program_id(a)`, `pl.num_programs(a)` |
 //! | `k.when(c, \|\| ...)` | `@pl.when(c)` |
 //! | `k.fori(0, n, \|i\| ...)` | `jax.lax.fori_loop(0, n, ...)` (no carry: state lives in refs) |
