@@ -37,7 +37,8 @@
 //! | `k.iota(&[8, 128], 1)` | `jax.lax.broadcasted_iota(jnp.int32, (8, 128), 1)` |
 //! | `x.cast(DType::F32)` | `x.astype(jnp.float32)` (float to float, int to float) |
 //! | `c.select(a, b)`, `x.lt(y)`, `x.maximum(0.0)` | `jnp.where(c, a, b)`, `x < y`, `jnp.maximum(x, 0.0)` |
-//! | `exp`, `log`, `tanh`, `sqrt`, `rsqrt`, `erf`, `abs`, `sigmoid`, `recip` | `jnp.exp`, ... |
+//! | `exp`, `log`, `log1p`, `tanh`, `sqrt`, `rsqrt`, `erf`, `abs`, `sin`, `cos`, `floor`, `ceil`, `sign`, `sigmoid`, `recip` | `jnp.exp`, ... |
+//! | `a % b`, `a.pow(b)`, `a.atan2(b)`, `a.maximum(b)`, `a.minimum(b)` | `a % b` (truncated, the dividend's sign: `jnp.fmod`, `lax.rem`), `a ** b`, `jnp.arctan2(a, b)`, ... |
 //!
 //! Operators and methods do not return `Result`: the first error (a dtype or shape mismatch, a
 //! block stored with the wrong type) is recorded with the Rust line that made it, every later
@@ -584,6 +585,56 @@ impl<'k> Vector<'k> {
         self.unary(UnaryOp::Abs)
     }
 
+    /// `ln(1 + self)`, exact near 0.
+    #[track_caller]
+    pub fn log1p(self) -> Vector<'k> {
+        self.unary(UnaryOp::Log1p)
+    }
+
+    #[track_caller]
+    pub fn sin(self) -> Vector<'k> {
+        self.unary(UnaryOp::Sin)
+    }
+
+    #[track_caller]
+    pub fn cos(self) -> Vector<'k> {
+        self.unary(UnaryOp::Cos)
+    }
+
+    #[track_caller]
+    pub fn floor(self) -> Vector<'k> {
+        self.unary(UnaryOp::Floor)
+    }
+
+    #[track_caller]
+    pub fn ceil(self) -> Vector<'k> {
+        self.unary(UnaryOp::Ceil)
+    }
+
+    /// `self` to the power `rhs` (floats).
+    #[track_caller]
+    pub fn pow(self, rhs: impl Operand<'k>) -> Vector<'k> {
+        self.binary(BinaryOp::Pow, rhs)
+    }
+
+    /// `atan2(self, rhs)`, the angle of `(rhs, self)` (f32).
+    #[track_caller]
+    pub fn atan2(self, rhs: impl Operand<'k>) -> Vector<'k> {
+        self.binary(BinaryOp::Atan2, rhs)
+    }
+
+    /// -1, 0 or 1 by the sign of each element (`jnp.sign`: a zero, of either sign, and NaN
+    /// stay as they are).
+    #[track_caller]
+    pub fn sign(self) -> Vector<'k> {
+        let (Some(one), Some(zero)) = (self.constant_like(1.0), self.constant_like(0.0)) else {
+            return self.same(None);
+        };
+        let (one, zero) = (self.same(Some(one)), self.same(Some(zero)));
+        let negative = self.lt(zero).select(-one, self);
+        self.gt(zero).select(one, negative)
+    }
+
     /// `1 / self`.
     #[track_caller]
     pub fn recip(self) -> Vector<'k> {
@@ -754,6 +805,7 @@ binary_operator!(Add, add, Add);
 binary_operator!(Sub, sub, Sub);
 binary_operator!(Mul, mul, Mul);
 binary_operator!(Div, div, Div);
+binary_operator!(Rem, rem, Rem);
 
 impl<'k> std::ops::Neg for Vector<'k> {
     type Output = Vector<'k>;

@@ -63,6 +63,12 @@ pub enum BinaryOp {
     Div,
     Max,
     Min,
+    /// The remainder with the dividend's sign (C's `fmod`; `arith.remsi` on integers).
+    Rem,
+    /// Floats only.
+    Pow,
+    /// `atan2(self, rhs)`; f32 only (libtpu refuses bf16).
+    Atan2,
 }
 
 impl BinaryOp {
@@ -76,12 +82,16 @@ impl BinaryOp {
             (BinaryOp::Div, true) => "arith.divf",
             (BinaryOp::Max, true) => "arith.maximumf",
             (BinaryOp::Min, true) => "arith.minimumf",
+            (BinaryOp::Rem, true) => "arith.remf",
+            (BinaryOp::Pow, _) => "math.powf",
+            (BinaryOp::Atan2, _) => "math.atan2",
             (BinaryOp::Add, false) => "arith.addi",
             (BinaryOp::Sub, false) => "arith.subi",
             (BinaryOp::Mul, false) => "arith.muli",
             (BinaryOp::Div, false) => "arith.divsi",
             (BinaryOp::Max, false) => "arith.maxsi",
             (BinaryOp::Min, false) => "arith.minsi",
+            (BinaryOp::Rem, false) => "arith.remsi",
         }
     }
 }
@@ -97,6 +107,11 @@ pub enum UnaryOp {
     Sqrt,
     Erf,
     Abs,
+    Log1p,
+    Sin,
+    Cos,
+    Floor,
+    Ceil,
 }
 
 impl UnaryOp {
@@ -110,6 +125,11 @@ impl UnaryOp {
             UnaryOp::Sqrt => "math.sqrt",
             UnaryOp::Erf => "math.erf",
             UnaryOp::Abs => "math.absf",
+            UnaryOp::Log1p => "math.log1p",
+            UnaryOp::Sin => "math.sin",
+            UnaryOp::Cos => "math.cos",
+            UnaryOp::Floor => "math.floor",
+            UnaryOp::Ceil => "math.ceil",
         }
     }
 }
@@ -442,12 +462,22 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
             }
             vec![ty.clone()]
         }
-        Op::Binary(_, x, y) => {
+        Op::Binary(op, x, y) => {
             let (tx, ty) = (cx.ty(*x), cx.ty(*y));
             let dtype = vector_or_scalar(tx)?;
             same(tx, ty)?;
             if dtype == DType::Bool {
                 return Err(op_err!(DType, "not defined on i1"));
+            }
+            if matches!(op, BinaryOp::Pow | BinaryOp::Atan2) && !dtype.is_float() {
+                return Err(op_err!(DType, "takes floats, not {tx}"));
+            }
+            // Measured: libtpu's Mosaic has no bf16 `math.atan2` or `arith.remf`.
+            if matches!(op, BinaryOp::Atan2 | BinaryOp::Rem) && dtype == DType::BF16 {
+                return Err(op_err!(
+                    DType,
+                    "has no bf16 form on a TPU: compute it in f32 (`.cast(DType::F32)`), not {tx}"
+                ));
             }
             vec![tx.clone()]
         }

@@ -97,18 +97,13 @@ impl Printer<'_> {
                     self.generic(&pad, name, &[], &[attr], &instr.results);
                 }
                 Op::Binary(_, a, b) => {
+                    // Integer ops with overflow flags: add, sub and mul (not div, rem, max, min).
                     let attrs = if float(a) {
                         vec![FASTMATH.to_owned()]
-                    } else {
+                    } else if matches!(name, "arith.addi" | "arith.subi" | "arith.muli") {
                         vec!["overflowFlags = #arith.overflow<none>".to_owned()]
-                    };
-                    let attrs = if name == "arith.divsi"
-                        || name == "arith.maxsi"
-                        || name == "arith.minsi"
-                    {
-                        vec![]
                     } else {
-                        attrs
+                        vec![]
                     };
                     self.generic(&pad, name, &[*a, *b], &attrs, &instr.results);
                 }

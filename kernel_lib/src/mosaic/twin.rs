@@ -251,6 +251,9 @@ impl<'b> Step<'_, 'b> {
                         BinaryOp::Div => hlo::BinaryOp::Divide,
                         BinaryOp::Max => hlo::BinaryOp::Maximum,
                         BinaryOp::Min => hlo::BinaryOp::Minimum,
+                        BinaryOp::Rem => hlo::BinaryOp::Remainder,
+                        BinaryOp::Pow => hlo::BinaryOp::Power,
+                        BinaryOp::Atan2 => hlo::BinaryOp::Atan2,
                     };
                     Some(b.binary(op, self.value(*x)?, self.value(*y)?)?)
                 }
@@ -264,6 +267,11 @@ impl<'b> Step<'_, 'b> {
                         UnaryOp::Sqrt => hlo::UnaryOp::Sqrt,
                         UnaryOp::Erf => hlo::UnaryOp::Erf,
                         UnaryOp::Abs => hlo::UnaryOp::Abs,
+                        UnaryOp::Log1p => hlo::UnaryOp::LogPlusOne,
+                        UnaryOp::Sin => hlo::UnaryOp::Sine,
+                        UnaryOp::Cos => hlo::UnaryOp::Cosine,
+                        UnaryOp::Floor => hlo::UnaryOp::Floor,
+                        UnaryOp::Ceil => hlo::UnaryOp::Ceil,
                     };
                     Some(b.unary(op, self.value(*x)?)?)
                 }

@@ -67,6 +67,10 @@ fn binary(op: Bin) -> fn(f64, f64) -> f64 {
         Bin::DivSI => |a, b| (a / b).trunc(),
         Bin::Max => f64::max,
         Bin::Min => f64::min,
+        // Truncated: the dividend's sign, as `fmod` and `arith.remsi`.
+        Bin::Rem => |a, b| a % b,
+        Bin::Pow => f64::powf,
+        Bin::Atan2 => f64::atan2,
     }
 }
 
@@ -80,6 +84,11 @@ fn unary(op: Un) -> fn(f64) -> f64 {
         Un::Sqrt => f64::sqrt,
         Un::Erf => erf,
         Un::Abs => f64::abs,
+        Un::Log1p => f64::ln_1p,
+        Un::Sin => f64::sin,
+        Un::Cos => f64::cos,
+        Un::Floor => f64::floor,
+        Un::Ceil => f64::ceil,
     }
 }
 

@@ -66,6 +66,9 @@ pub(super) enum Bin {
     DivSI,
     Max,
     Min,
+    Rem,
+    Pow,
+    Atan2,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -78,6 +81,11 @@ pub(super) enum Un {
     Sqrt,
     Erf,
     Abs,
+    Log1p,
+    Sin,
+    Cos,
+    Floor,
+    Ceil,
 }
 
 /// A comparison; `ordered` for `arith.cmpf`'s `o*` predicates (false when either side is NaN).
@@ -127,7 +135,7 @@ pub(super) enum Family {
     Return,
 }
 
-const BINARY: [(&str, Bin, bool); 12] = [
+const BINARY: [(&str, Bin, bool); 16] = [
     ("arith.addf", Bin::Add, true),
     ("arith.subf", Bin::Sub, true),
     ("arith.mulf", Bin::Mul, true),
@@ -140,9 +148,13 @@ const BINARY: [(&str, Bin, bool); 12] = [
     ("arith.divsi", Bin::DivSI, false),
     ("arith.maxsi", Bin::Max, false),
     ("arith.minsi", Bin::Min, false),
+    ("arith.remf", Bin::Rem, true),
+    ("arith.remsi", Bin::Rem, false),
+    ("math.powf", Bin::Pow, true),
+    ("math.atan2", Bin::Atan2, true),
 ];
 
-const UNARY: [(&str, Un); 8] = [
+const UNARY: [(&str, Un); 13] = [
     ("arith.negf", Un::Neg),
     ("math.exp", Un::Exp),
     ("math.log", Un::Log),
@@ -151,6 +163,11 @@ const UNARY: [(&str, Un); 8] = [
     ("math.sqrt", Un::Sqrt),
     ("math.erf", Un::Erf),
     ("math.absf", Un::Abs),
+    ("math.log1p", Un::Log1p),
+    ("math.sin", Un::Sin),
+    ("math.cos", Un::Cos),
+    ("math.floor", Un::Floor),
+    ("math.ceil", Un::Ceil),
 ];
 
 const CASTS: [&str; 6] = [

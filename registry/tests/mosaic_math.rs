@@ -1,0 +1,165 @@
+//! The rest of the float math a tiled body has (the StableHLO builder's float set):
+//! `log1p`, `sin`, `cos`, `floor`, `ceil`, `sign`, `pow`, `atan2` and `%` (float and integer).
+//! libtpu compiles each in both printed forms for v5e and v6e (f32, and bf16 where libtpu has
+//! the op); the CPU twin and the interpreter of both forms match an f64 reference; the bf16
+//! forms libtpu lacks are refused in Rust, naming the op.
+#![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
+
+use tpu_kernels::mosaic::dsl::{Tiled, Vector};
+use tpu_kernels::mosaic::{Form, IndexExpr, Kernel, Semantics, cpu_twin, custom_call_module_as};
+use tpu_kernels::{DType, TensorType};
+use tpu_kernels_registry::numerics::{Tolerance, assert_close};
+use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
+use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+
+const ROWS: u64 = 16;
+const COLS: u64 = 128;
+
+/// `o = sin(x) + cos(y) + log1p(|x|) + floor(x) * ceil(y) + sign(x) * |y|^y' + parity`, with
+/// `atan2(x, y) + x % y` added in f32, over two 8-row blocks; `parity` is `program_id % 2`.
+fn math(dtype: DType) -> Kernel {
+    let t = TensorType::new(dtype, [ROWS, COLS]);
+    let k = Tiled::new("more_math", &[ROWS / 8], &[Semantics::Parallel]).unwrap();
+    let map = [IndexExpr::Grid(0), IndexExpr::Const(0)];
+    let x = k.input(t.clone(), &[8, COLS], &map).unwrap();
+    let y = k.input(t.clone(), &[8, COLS], &map).unwrap();
+    let o = k.output(t, &[8, COLS], &map).unwrap();
+    let (a, b) = (x.load(), y.load());
+    let mut r = a.sin() + b.cos() + a.abs().log1p() + a.floor() * b.ceil();
+    r = r + a.sign() * b.abs().pow(b * 0.5);
+    if dtype == DType::F32 {
+        r = r + a.atan2(b) + a % b;
+    }
+    let parity = (k.program_id(0) % 2).cast(dtype).broadcast_to(&[8, COLS]);
+    o.store(r + parity);
+    k.finish().unwrap()
+}
+
+fn inputs() -> (Vec<f64>, Vec<f64>) {
+    let n = (ROWS * COLS) as usize;
+    // `x` crosses zero (exact zeros included); `y` is positive, away from 0 (for `%`).
+    let x = (0..n).map(|i| ((i % 41) as f64 - 20.0) * 0.25).collect();
+    let y = (0..n).map(|i| 0.5 + (i % 23) as f64 * 0.125).collect();
+    (x, y)
+}
+
+fn reference(x: &[f64], y: &[f64], f32_only: bool) -> Vec<f64> {
+    x.iter()
+        .zip(y)
+        .enumerate()
+        .map(|(i, (a, b))| {
+            let sign = if *a > 0.0 {
+                1.0
+            } else if *a < 0.0 {
+                -1.0
+            } else {
+                *a
+            };
+            let mut r = a.sin()
+                + b.cos()
+                + a.abs().ln_1p()
+                + a.floor() * b.ceil()
+                + sign * b.abs().powf(b * 0.5);
+            if f32_only {
+                r += a.atan2(*b) + a % b;
+            }
+            r + ((i as u64 / (8 * COLS)) % 2) as f64
+        })
+        .collect()
+}
+
+fn round(v: &[f64], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::BF16 => v.iter().map(|x| half::bf16::from_f64(*x).to_f64()).collect(),
+        _ => v.iter().map(|x| f64::from(*x as f32)).collect(),
+    }
+}
+
+#[test]
+fn the_rest_of_the_float_set_compiles_for_v5e_and_v6e() {
+    let Some(libtpu) = libtpu_for_tests() else { return };
+    for topology in ["v5e:1x1", "v6e:1x1"] {
+        let topo = Topology::new(&libtpu, topology).unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            let k = math(dtype);
+            for form in [Form::Shipped, Form::Readable] {
+                topo.compile(
+                    &Program::text(custom_call_module_as(&k, form)),
+                    &CompileOptions::new(),
+                )
+                .unwrap_or_else(|e| panic!("{dtype} {topology} {form:?}: {e}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn the_twin_and_the_interpreter_compute_what_f64_says() {
+    let (x, y) = inputs();
+    for dtype in [DType::F32, DType::BF16] {
+        let k = math(dtype);
+        let (x, y) = (round(&x, dtype), round(&y, dtype));
+        let want = reference(&x, &y, dtype == DType::F32);
+        // bf16 rounds after every op: a few bf16 ulps of the largest terms.
+        let tol = match dtype {
+            DType::BF16 => Tolerance::new(0.15, 2e-2),
+            _ => Tolerance::new(2e-5, 2e-5),
+        };
+        for form in [Form::Readable, Form::Shipped] {
+            let out = tpu_kernels::mosaic::interpret(
+                &custom_call_module_as(&k, form),
+                &[x.clone(), y.clone()],
+            )
+            .unwrap_or_else(|e| panic!("{dtype} {form:?}: {e}"));
+            assert_close(&format!("{dtype} interpreter ({form:?})"), &out[0], &want, tol);
+        }
+        let Some(client) = cpu_client_for_tests(1) else { return };
+        let exe = client
+            .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
+            .unwrap();
+        let dims = [ROWS as i64, COLS as i64];
+        let out = match dtype {
+            DType::BF16 => {
+                let b = |v: &[f64]| v.iter().map(|x| half::bf16::from_f64(*x)).collect::<Vec<_>>();
+                let (xb, yb) = (b(&x), b(&y));
+                let xb = client.buffer_from_host(&xb, &dims).unwrap();
+                let yb = client.buffer_from_host(&yb, &dims).unwrap();
+                exe.execute(&[&xb, &yb]).unwrap()[0]
+                    .to_vec::<half::bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_f64())
+                    .collect::<Vec<f64>>()
+            }
+            _ => {
+                let f = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<f32>>();
+                let xb = client.buffer_from_host(&f(&x), &dims).unwrap();
+                let yb = client.buffer_from_host(&f(&y), &dims).unwrap();
+                exe.execute(&[&xb, &yb]).unwrap()[0]
+                    .to_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| f64::from(*v))
+                    .collect()
+            }
+        };
+        assert_close(&format!("{dtype} twin"), &out, &want, tol);
+    }
+}
+
+#[test]
+fn bf16_atan2_and_remainder_are_refused_in_rust() {
+    let t = TensorType::new(DType::BF16, [8, COLS]);
+    type Op = for<'k> fn(Vector<'k>, Vector<'k>) -> Vector<'k>;
+    let ops: [(&str, Op); 2] = [("math.atan2", |a, b| a.atan2(b)), ("arith.remf", |a, b| a % b)];
+    for (op, f) in ops {
+        let k = Tiled::new("bf16_math", &[1], &[Semantics::Parallel]).unwrap();
+        let map = [IndexExpr::Const(0), IndexExpr::Const(0)];
+        let x = k.input(t.clone(), &[8, COLS], &map).unwrap();
+        let o = k.output(t.clone(), &[8, COLS], &map).unwrap();
+        o.store(f(x.load(), x.load()));
+        let e = k.finish().unwrap_err();
+        assert_eq!(e.op, op, "{e}");
+        assert!(e.message.contains("no bf16 form on a TPU: compute it in f32"), "{e}");
+    }
+}
