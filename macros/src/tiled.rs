@@ -1300,9 +1300,11 @@ fn check_matmuls(
     let mut lets = BTreeMap::new();
     let visit = |e: &Expr, lets: &BTreeMap<String, String>, cx: &mut Ctxt| {
         let Expr::MethodCall(m) = e else { return };
-        let transposed = match m.method.to_string().as_str() {
-            "matmul" => false,
-            "matmul_t" => true,
+        // (lhs transposed, rhs transposed)
+        let (lhs_t, transposed) = match m.method.to_string().as_str() {
+            "matmul" => (false, false),
+            "matmul_t" => (false, true),
+            "t_matmul" => (true, false),
             _ => return,
         };
         let [rhs] = m.args.iter().collect::<Vec<_>>()[..] else { return };
@@ -1329,20 +1331,27 @@ fn check_matmuls(
             }
         };
         let (which, other) = if transposed { (1, 0) } else { (0, 1) };
-        let (lk, rk) = (&ls[1], &rs[which]);
+        let ld = if lhs_t { 0 } else { 1 };
+        let (lk, rk) = (&ls[ld], &rs[which]);
         if !same(&lk.0, &rk.0) {
             // The other form, when it would contract matching dims.
-            let hint = if !same(&lk.0, &rs[other].0) {
-                ""
-            } else if transposed {
-                " (did you mean `matmul`?)"
+            let hint = if lhs_t {
+                if same(&ls[1].0, &rk.0) { " (did you mean `matmul`?)" } else { "" }
+            } else if same(&lk.0, &rs[other].0) {
+                if transposed {
+                    " (did you mean `matmul`?)"
+                } else {
+                    " (did you mean `matmul_t`, the rhs transposed?)"
+                }
+            } else if !transposed && same(&ls[0].0, &rk.0) {
+                " (did you mean `t_matmul`, the lhs transposed?)"
             } else {
-                " (did you mean `matmul_t`, the rhs transposed?)"
+                ""
             };
             cx.error_spanned_by(
                 e,
                 format!(
-                    "matmul shape mismatch: it contracts dim 1 of `{l}`'s block ({}) with dim \
+                    "matmul shape mismatch: it contracts dim {ld} of `{l}`'s block ({}) with dim \
                      {which} of `{r}`'s block ({}); they must be the same size{hint}",
                     lk.1, rk.1
                 ),

@@ -1,8 +1,9 @@
 //! The rest of the float math a tiled body has (the StableHLO builder's float set):
-//! `log1p`, `sin`, `cos`, `floor`, `ceil`, `sign`, `pow`, `atan2` and `%` (float and integer).
-//! libtpu compiles each in both printed forms for v5e and v6e (f32, and bf16 where libtpu has
-//! the op); the CPU twin and the interpreter of both forms match an f64 reference; the bf16
-//! forms libtpu lacks are refused in Rust, naming the op.
+//! `log1p`, `sin`, `cos`, `floor`, `ceil`, `sign`, `pow`, `atan2` and `%` (float and integer),
+//! and the MXU product with its lhs transposed (`xᵀ · dy`, a weight gradient accumulated over
+//! row blocks). libtpu compiles each in both printed forms for v5e and v6e (f32, and bf16 where
+//! libtpu has the op); the CPU twin and the interpreter of both forms match an f64 reference;
+//! the bf16 forms libtpu lacks are refused in Rust, naming the op.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
 use tpu_kernels::mosaic::dsl::{Tiled, Vector};
@@ -162,4 +163,104 @@ fn bf16_atan2_and_remainder_are_refused_in_rust() {
         assert_eq!(e.op, op, "{e}");
         assert!(e.message.contains("no bf16 form on a TPU: compute it in f32"), "{e}");
     }
+}
+
+const R: u64 = 512;
+const D: u64 = 256;
+const N: u64 = 384;
+
+/// `dw = xᵀ · dy` for `x: [R, D]`, `dy: [R, N]`: [128, 128] output blocks, the rows reduced
+/// over the `arbitrary` third axis into an f32 scratch accumulator, 256 rows a step.
+fn weight_grad(dtype: DType) -> Kernel {
+    let (br, bd, bn) = (256, 128, 128);
+    let k = Tiled::new(
+        "weight_grad",
+        &[D / bd, N / bn, R / br],
+        &[Semantics::Parallel, Semantics::Parallel, Semantics::Arbitrary],
+    )
+    .unwrap();
+    let x = k
+        .input(TensorType::new(dtype, [R, D]), &[br, bd], &[IndexExpr::Grid(2), IndexExpr::Grid(0)])
+        .unwrap();
+    let dy = k
+        .input(TensorType::new(dtype, [R, N]), &[br, bn], &[IndexExpr::Grid(2), IndexExpr::Grid(1)])
+        .unwrap();
+    let dw = k
+        .output(
+            TensorType::new(dtype, [D, N]),
+            &[bd, bn],
+            &[IndexExpr::Grid(0), IndexExpr::Grid(1)],
+        )
+        .unwrap();
+    let acc = k.scratch(tpu_kernels::mosaic::MType::vmem(DType::F32, &[bd, bn])).unwrap();
+    k.when(k.program_id(2).eq(0), || acc.store(k.zeros(DType::F32, &[bd, bn])));
+    acc.store(acc.load() + x.load().t_matmul(dy.load()));
+    k.when(k.program_id(2).eq(k.num_programs(2) - 1), || dw.store(acc.load().cast(dtype)));
+    k.finish().unwrap()
+}
+
+#[test]
+fn a_transposed_lhs_contracts_its_rows_on_v5e_v6e_the_twin_and_the_interpreter() {
+    let text = tpu_kernels::mosaic::print_kernel(&weight_grad(DType::F32));
+    assert!(
+        text.contains("#tpu.dot_dimension_numbers<[0], [0], [1], [1], [0, 1, 1, 1], [], []>"),
+        "{text}"
+    );
+    if let Some(libtpu) = libtpu_for_tests() {
+        for topology in ["v5e:1x1", "v6e:1x1"] {
+            let topo = Topology::new(&libtpu, topology).unwrap();
+            for dtype in [DType::F32, DType::BF16] {
+                let k = weight_grad(dtype);
+                for form in [Form::Shipped, Form::Readable] {
+                    topo.compile(
+                        &Program::text(custom_call_module_as(&k, form)),
+                        &CompileOptions::new(),
+                    )
+                    .unwrap_or_else(|e| panic!("{dtype} {topology} {form:?}: {e}"));
+                }
+            }
+        }
+    }
+    let x: Vec<f64> = (0..R * D).map(|i| ((i * 7 % 19) as f64 - 9.0) / 16.0).collect();
+    let dy: Vec<f64> = (0..R * N).map(|i| ((i * 5 % 23) as f64 - 11.0) / 16.0).collect();
+    let (d, n, r) = (D as usize, N as usize, R as usize);
+    let want: Vec<f64> = (0..d * n)
+        .map(|o| (0..r).map(|row| x[row * d + o / n] * dy[row * n + o % n]).sum())
+        .collect();
+    let k = weight_grad(DType::F32);
+    for form in [Form::Readable, Form::Shipped] {
+        let out = tpu_kernels::mosaic::interpret(
+            &custom_call_module_as(&k, form),
+            &[x.clone(), dy.clone()],
+        )
+        .unwrap_or_else(|e| panic!("{form:?}: {e}"));
+        assert_close(
+            &format!("weight_grad interpreter ({form:?})"),
+            &out[0],
+            &want,
+            Tolerance::new(1e-4, 1e-5),
+        );
+    }
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let exe = client
+        .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
+        .unwrap();
+    let f = |v: &[f64]| v.iter().map(|x| *x as f32).collect::<Vec<f32>>();
+    let xb = client.buffer_from_host(&f(&x), &[R as i64, D as i64]).unwrap();
+    let yb = client.buffer_from_host(&f(&dy), &[R as i64, N as i64]).unwrap();
+    let out = exe.execute(&[&xb, &yb]).unwrap()[0].to_vec::<f32>().unwrap();
+    assert_close("weight_grad twin", &out, &want, Tolerance::new(1e-4, 1e-5));
+    // Contracting mismatched dims is refused, naming both operands.
+    let t = TensorType::new(DType::F32, [8, 128]);
+    let bad = Tiled::new("bad_t_matmul", &[1], &[Semantics::Parallel]).unwrap();
+    let map = [IndexExpr::Const(0), IndexExpr::Const(0)];
+    let a = bad.input(t.clone(), &[8, 128], &map).unwrap();
+    let b = bad.input(TensorType::new(DType::F32, [16, 128]), &[16, 128], &map).unwrap();
+    let o = bad.output(TensorType::new(DType::F32, [128, 128]), &[128, 128], &map).unwrap();
+    o.store(a.load().t_matmul(b.load()));
+    let e = bad.finish().unwrap_err();
+    assert!(
+        e.message.contains("contracting dims differ: vector<8x128xf32> (transposed) has 8"),
+        "{e}"
+    );
 }

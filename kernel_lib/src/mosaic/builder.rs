@@ -608,7 +608,21 @@ impl TiledBuilder {
         acc: MValue,
         transpose_rhs: bool,
     ) -> Result<MValue, BuildError> {
-        self.one(Op::Matmul { lhs: lhs.0, rhs: rhs.0, acc: acc.0, transpose_rhs })
+        self.matmul_transposed(lhs, rhs, acc, false, transpose_rhs)
+    }
+
+    /// `acc + op(lhs) · op(rhs)` on the MXU, accumulated in f32, where `op` transposes the
+    /// operands asked (`lhsᵀ · rhs` is a weight gradient, `xᵀ · dy`).
+    #[track_caller]
+    pub fn matmul_transposed(
+        &mut self,
+        lhs: MValue,
+        rhs: MValue,
+        acc: MValue,
+        transpose_lhs: bool,
+        transpose_rhs: bool,
+    ) -> Result<MValue, BuildError> {
+        self.one(Op::Matmul { lhs: lhs.0, rhs: rhs.0, acc: acc.0, transpose_lhs, transpose_rhs })
     }
 
     /// Runs the ops `body` adds only when `cond` (an `i1` scalar) holds.

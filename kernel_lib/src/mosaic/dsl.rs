@@ -32,7 +32,7 @@
 //! | `k.program_id(a)`, `k.num_programs(a)` | `pl.program_id(a)`, `pl.num_programs(a)` |
 //! | `k.when(c, \|\| ...)` | `@pl.when(c)` |
 //! | `k.fori(0, n, \|i\| ...)` | `jax.lax.fori_loop(0, n, ...)` (no carry: state lives in refs) |
-//! | `a.matmul(b)`, `a.matmul_t(b)` | `jnp.dot(a, b, preferred_element_type=f32)`, `a @ b.T` |
+//! | `a.matmul(b)`, `a.matmul_t(b)`, `a.t_matmul(b)` | `jnp.dot(a, b, preferred_element_type=f32)`, `a @ b.T`, `a.T @ b` |
 //! | `x.sum(-1)`, `x.amax(-1)` (dims kept) | `x.sum(-1, keepdims=True)`, `x.max(...)` |
 //! | `k.iota(&[8, 128], 1)` | `jax.lax.broadcasted_iota(jnp.int32, (8, 128), 1)` |
 //! | `x.cast(DType::F32)` | `x.astype(jnp.float32)` (float to float, int to float) |
@@ -276,8 +276,24 @@ impl Tiled {
         acc: Vector<'k>,
         transpose_rhs: bool,
     ) -> Vector<'k> {
+        self.matmul_transposed(lhs, rhs, acc, false, transpose_rhs)
+    }
+
+    /// `acc + op(lhs) · op(rhs)` on the MXU, accumulated in f32, `op` transposing the operands
+    /// asked.
+    #[track_caller]
+    pub fn matmul_transposed<'k>(
+        &'k self,
+        lhs: Vector<'k>,
+        rhs: Vector<'k>,
+        acc: Vector<'k>,
+        transpose_lhs: bool,
+        transpose_rhs: bool,
+    ) -> Vector<'k> {
         match (lhs.v, rhs.v, acc.v) {
-            (Some(l), Some(r), Some(a)) => self.vector(|b| b.matmul(l, r, a, transpose_rhs)),
+            (Some(l), Some(r), Some(a)) => {
+                self.vector(|b| b.matmul_transposed(l, r, a, transpose_lhs, transpose_rhs))
+            }
             _ => Vector { t: self, v: None },
         }
     }
@@ -703,25 +719,31 @@ impl<'k> Vector<'k> {
     /// `self · rhs` on the MXU, accumulated in f32 (an f32 result).
     #[track_caller]
     pub fn matmul(self, rhs: Vector<'k>) -> Vector<'k> {
-        self.matmul_as(rhs, false)
+        self.matmul_as(rhs, false, false)
     }
 
     /// `self · rhsᵀ` on the MXU (`q @ k.T`), accumulated in f32.
     #[track_caller]
     pub fn matmul_t(self, rhs: Vector<'k>) -> Vector<'k> {
-        self.matmul_as(rhs, true)
+        self.matmul_as(rhs, false, true)
+    }
+
+    /// `selfᵀ · rhs` on the MXU (`x.T @ dy`, a weight gradient), accumulated in f32.
+    #[track_caller]
+    pub fn t_matmul(self, rhs: Vector<'k>) -> Vector<'k> {
+        self.matmul_as(rhs, true, false)
     }
 
     #[track_caller]
-    fn matmul_as(self, rhs: Vector<'k>, transpose_rhs: bool) -> Vector<'k> {
+    fn matmul_as(self, rhs: Vector<'k>, transpose_lhs: bool, transpose_rhs: bool) -> Vector<'k> {
         let (l, r) = (self.shape(), rhs.shape());
         if self.v.is_none() || rhs.v.is_none() {
             return self.same(None);
         }
-        let rows = l.first().copied().unwrap_or(1);
+        let rows = if transpose_lhs { l.get(1) } else { l.first() }.copied().unwrap_or(1);
         let cols = if transpose_rhs { r.first() } else { r.get(1) }.copied().unwrap_or(1);
         let acc = self.t.zeros(DType::F32, &[rows, cols]);
-        self.t.matmul(self, rhs, acc, transpose_rhs)
+        self.t.matmul_transposed(self, rhs, acc, transpose_lhs, transpose_rhs)
     }
 
     /// The same `i32` scalar, promised to be a multiple of `by`: `pl.multiple_of(x, by)`.

@@ -243,11 +243,13 @@ pub enum Op {
         acc: ValueId,
         dims: Vec<usize>,
     },
-    /// `acc + lhs · rhs` (or `lhs · rhsᵀ`) on the MXU; 2-D operands, f32 accumulator.
+    /// `acc + lhs · rhs` on the MXU, either operand transposed (`lhsᵀ · rhs`, `lhs · rhsᵀ`);
+    /// 2-D operands, f32 accumulator.
     Matmul {
         lhs: ValueId,
         rhs: ValueId,
         acc: ValueId,
+        transpose_lhs: bool,
         transpose_rhs: bool,
     },
     /// Runs `then` when the `i1` scalar is true.
@@ -635,7 +637,7 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
             }
             vec![want]
         }
-        Op::Matmul { lhs, rhs, acc, transpose_rhs } => {
+        Op::Matmul { lhs, rhs, acc, transpose_lhs, transpose_rhs } => {
             let (tl, tr, ta) = (cx.ty(*lhs), cx.ty(*rhs), cx.ty(*acc));
             let (MType::Vector { shape: l, dtype: dl }, MType::Vector { shape: r, dtype: dr }) =
                 (tl, tr)
@@ -648,16 +650,17 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<MType>, OpError> {
             if dl != dr {
                 return Err(op_err!(DType, "operand types differ: {tl} vs {tr}"));
             }
+            let (m, k_l) = if *transpose_lhs { (l[1], l[0]) } else { (l[0], l[1]) };
             let (k_r, n) = if *transpose_rhs { (r[1], r[0]) } else { (r[0], r[1]) };
-            if l[1] != k_r {
+            if k_l != k_r {
                 return Err(op_err!(
                     DimensionNumbers,
-                    "contracting dims differ: {tl} has {}, {tr}{} has {k_r}",
-                    l[1],
+                    "contracting dims differ: {tl}{} has {k_l}, {tr}{} has {k_r}",
+                    if *transpose_lhs { " (transposed)" } else { "" },
                     if *transpose_rhs { " (transposed)" } else { "" }
                 ));
             }
-            let want = MType::vector(DType::F32, &[l[0], n]);
+            let want = MType::vector(DType::F32, &[m, n]);
             if *ta != want {
                 return Err(op_err!(DType, "the accumulator is {ta}, the product {want}"));
             }

@@ -149,14 +149,8 @@ impl Printer<'_> {
                         ty(acc)
                     )
                 }
-                Op::Matmul { lhs, rhs, acc, transpose_rhs } => {
-                    // <lhs contracting, rhs contracting, lhs non-contracting, rhs non-contracting,
-                    // output dims as (operand, dim), lhs batch, rhs batch>.
-                    let dims = if *transpose_rhs {
-                        "<[1], [1], [0], [0], [0, 0, 1, 0], [], []>"
-                    } else {
-                        "<[1], [0], [0], [1], [0, 0, 1, 1], [], []>"
-                    };
+                Op::Matmul { lhs, rhs, acc, transpose_lhs, transpose_rhs } => {
+                    let dims = dot_dimension_numbers(*transpose_lhs, *transpose_rhs);
                     format!(
                         "tpu.matmul {}, {}, {} {{dimension_numbers = #tpu.dot_dimension_numbers{dims}, transpose_lhs_hint = false}} : {}, {}, {} -> {}",
                         self.name(*lhs),
@@ -213,6 +207,16 @@ impl Printer<'_> {
             let _ = writeln!(self.out, "{pad}{lhs}{line}{loc}");
         }
     }
+}
+
+/// A 2-d matmul's `#tpu.dot_dimension_numbers` body: `<lhs contracting, rhs contracting, lhs
+/// non-contracting, rhs non-contracting, output dims as (operand, dim), lhs batch, rhs batch>`.
+/// A transposed lhs contracts its dim 0, a transposed rhs its dim 1.
+pub(super) fn dot_dimension_numbers(transpose_lhs: bool, transpose_rhs: bool) -> String {
+    let lc = if transpose_lhs { 0 } else { 1 };
+    let rc = if transpose_rhs { 1 } else { 0 };
+    let (ln, rn) = (1 - lc, 1 - rc);
+    format!("<[{lc}], [{rc}], [{ln}], [{rn}], [0, {ln}, 1, {rn}], [], []>")
 }
 
 /// The entries of the kernel's `window_params` attribute, one per window.

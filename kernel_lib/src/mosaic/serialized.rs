@@ -15,7 +15,9 @@ use crate::text::Names;
 use crate::types::DType;
 
 use super::ir::{Compare, IndexExpr, InferCx, Kernel, Op, Reduce, op_name};
-use super::printer::{constant, dimension_semantics, list, transform_params, window_params};
+use super::printer::{
+    constant, dimension_semantics, dot_dimension_numbers, list, transform_params, window_params,
+};
 use super::types::MType;
 
 /// The serialization version the shipped form is written at (libtpu 0.0.52 reads 0 to 20;
@@ -192,12 +194,8 @@ impl Printer<'_> {
                     ];
                     self.generic(&pad, name, &[*x, *acc], &attrs, &instr.results);
                 }
-                Op::Matmul { lhs, rhs, acc, transpose_rhs } => {
-                    let dims = if *transpose_rhs {
-                        "<[1], [1], [0], [0], [0, 0, 1, 0], [], []>"
-                    } else {
-                        "<[1], [0], [0], [1], [0, 0, 1, 1], [], []>"
-                    };
+                Op::Matmul { lhs, rhs, acc, transpose_lhs, transpose_rhs } => {
+                    let dims = dot_dimension_numbers(*transpose_lhs, *transpose_rhs);
                     let attrs = [
                         format!("dimension_numbers = #tpu.dot_dimension_numbers{dims}"),
                         "transpose_lhs = false".to_owned(),

@@ -355,11 +355,11 @@ impl<'b> Step<'_, 'b> {
                     let r = b.reduce_with(self.value(*x)?, op, init, &dims)?;
                     Some(b.binary(op, r, self.value(*acc)?)?)
                 }
-                Op::Matmul { lhs, rhs, acc, transpose_rhs } => {
+                Op::Matmul { lhs, rhs, acc, transpose_lhs, transpose_rhs } => {
                     let dims = DotDims {
                         lhs_batch: vec![],
                         rhs_batch: vec![],
-                        lhs_contracting: vec![1],
+                        lhs_contracting: vec![if *transpose_lhs { 0 } else { 1 }],
                         rhs_contracting: vec![if *transpose_rhs { 1 } else { 0 }],
                     };
                     let p = b.dot_general(
