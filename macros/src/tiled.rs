@@ -63,10 +63,12 @@ pub enum SizeExpr {
 }
 
 /// One entry of an index map.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub enum IndexEntry {
     Grid(usize),
     Const(i64),
+    /// `g / group`: a grid index divided (floor) by a size.
+    GridDiv(usize, SizeExpr),
     /// `table[axis]`: a scalar-prefetch table read at a grid index.
     Prefetch {
         table: usize,
@@ -665,6 +667,7 @@ impl Assigned {
 /// (`ids[i]`, `tables` naming the tables) per array dim, with each entry's span.
 fn index_map(
     cx: &mut Ctxt,
+    names: &Names<'_>,
     e: &Expr,
     grid_rank: usize,
     tables: &[String],
@@ -712,6 +715,17 @@ fn index_map(
             && let Some(axis) = params.iter().position(|p| p.as_deref() == Some(n.as_str()))
         {
             out.push((IndexEntry::Grid(axis), item.span()));
+        } else if let Expr::Binary(b) = item
+            && matches!(b.op, syn::BinOp::Div(_))
+            && let Some(n) = expr_ident(&b.left)
+            && let Some(axis) = params.iter().position(|p| p.as_deref() == Some(n.as_str()))
+        {
+            let by = names.size(cx, &b.right)?;
+            if by.value(&names.tiles) == Some(0) {
+                cx.error_spanned_by(&b.right, format!("{what}: a grid index divided by 0"));
+                return None;
+            }
+            out.push((IndexEntry::GridDiv(axis, by), item.span()));
         } else if let Expr::Index(ix) = item {
             let name = expr_ident(&ix.expr).unwrap_or_default();
             let Some(table) = tables.iter().position(|t| *t == name) else {
@@ -748,8 +762,9 @@ fn index_map(
             cx.error_spanned_by(
                 item,
                 format!(
-                    "a block index of {what} is a grid index ({}), an integer, or a \
-                     scalar-prefetch table at a grid index (`ids[i]`)",
+                    "a block index of {what} is a grid index ({}), an integer, a grid index \
+                     divided by a size (`h / group`), or a scalar-prefetch table at a grid \
+                     index (`ids[i]`)",
                     params.iter().flatten().cloned().collect::<Vec<_>>().join(", ")
                 ),
             );
@@ -807,7 +822,7 @@ fn window(
         let s = names.size(cx, d)?;
         block.push((s, d.to_token_stream().to_string(), d.span()));
     }
-    let map = index_map(cx, &c.args[1], grid_rank, tables, what)?;
+    let map = index_map(cx, names, &c.args[1], grid_rank, tables, what)?;
     if map.len() != block.len() {
         cx.error_spanned_by(
             &c.args[1],
@@ -832,7 +847,7 @@ fn window(
         name: name.unraw().to_string(),
         span: name.span(),
         block,
-        index_map: map.iter().map(|(e, _)| *e).collect(),
+        index_map: map.iter().map(|(e, _)| e.clone()).collect(),
         index_spans: map.iter().map(|(_, s)| *s).collect(),
         view,
     })
@@ -1481,8 +1496,24 @@ pub fn generate(
     let semantics = t.parallel.iter().map(|par| {
         if *par { quote!(#p::Semantics::Parallel) } else { quote!(#p::Semantics::Arbitrary) }
     });
+    // The divisors of `g / group` entries, computed with the plan (in window order).
+    let divisors: Vec<TokenStream> = t
+        .inputs
+        .iter()
+        .chain(&t.outputs)
+        .flat_map(|w| &w.index_map)
+        .filter_map(|e| match e {
+            IndexEntry::GridDiv(_, by) => Some(by.tokens(p)),
+            _ => None,
+        })
+        .collect();
+    let divisor = std::cell::Cell::new(0usize);
     let index_map = |w: &WindowModel| {
         let e = w.index_map.iter().map(|e| match e {
+            IndexEntry::GridDiv(a, _) => {
+                let n = divisor.replace(divisor.get() + 1);
+                quote!(#p::IndexExpr::GridDiv { axis: #a, by: __plan.divisors[#n] })
+            }
             IndexEntry::Grid(a) => quote!(#p::IndexExpr::Grid(#a)),
             IndexEntry::Const(c) => quote!(#p::IndexExpr::Const(#c)),
             IndexEntry::Prefetch { table, axis } => {
@@ -1587,6 +1618,7 @@ pub fn generate(
             blocks: #p::Vec<#p::Vec<u64>>,
             views: #p::Vec<#p::Option<#p::Vec<u64>>>,
             scratch: #p::Vec<#p::Vec<u64>>,
+            divisors: #p::Vec<u64>,
         }
 
         #[allow(non_snake_case, unused_variables, clippy::let_and_return)]
@@ -1598,7 +1630,11 @@ pub fn generate(
                 blocks: #p::Vec::from([#(#all_blocks),*]),
                 views: #p::Vec::from([#(#all_views),*]),
                 scratch: #p::Vec::from([#(#scratch_dims),*]),
+                divisors: #p::Vec::from([#(#divisors),*]),
             };
+            if __plan.divisors.contains(&0) {
+                return #p::Result::Err(#p::String::from("an index map divides a grid index by 0"));
+            }
             #p::tiled_check_plan(
                 &REGISTRATION,
                 __sig,

@@ -130,6 +130,13 @@ impl TiledBuilder {
         for e in index_map {
             let (axis, table) = match *e {
                 IndexExpr::Grid(axis) => (axis, None),
+                IndexExpr::GridDiv { axis, by } => {
+                    if by == 0 {
+                        let m = format!("window {n}: the index map divides grid axis {axis} by 0");
+                        return Err(self.error(what, ErrorKind::Axis, m));
+                    }
+                    (axis, None)
+                }
                 IndexExpr::Prefetch { table, axis } => (axis, Some(table)),
                 IndexExpr::Const(_) => continue,
             };

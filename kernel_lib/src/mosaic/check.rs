@@ -200,6 +200,7 @@ pub fn coverage(kernel: &Kernel) -> Result<(), BuildError> {
                 .iter()
                 .map(|e| match e {
                     IndexExpr::Grid(axis) => Some(point[*axis] as i64),
+                    IndexExpr::GridDiv { axis, by } => Some((point[*axis] / (*by).max(1)) as i64),
                     IndexExpr::Const(c) => Some(*c),
                     IndexExpr::Prefetch { .. } => None,
                 })

@@ -40,6 +40,9 @@ pub enum IndexExpr {
     /// that takes the prefetched refs): a block index chosen by data the kernel is given,
     /// read from SMEM before the step's blocks are fetched.
     Prefetch { table: usize, axis: usize },
+    /// `program_id(axis) / by` (floor; `by` > 0): several grid steps share a block, as the
+    /// query heads of one key/value head in grouped-query attention (`h // group`).
+    GridDiv { axis: usize, by: u64 },
 }
 
 /// A window: the block of an input or output a grid step sees, and where it is.

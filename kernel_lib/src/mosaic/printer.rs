@@ -276,6 +276,13 @@ pub fn print_kernel(k: &Kernel) -> String {
                     results.push(format!("%c{consts}_i32"));
                     consts += 1;
                 }
+                IndexExpr::GridDiv { axis, by } => {
+                    let _ = writeln!(p.out, "    %c{consts}_i32 = arith.constant {by} : i32");
+                    let _ =
+                        writeln!(p.out, "    %q{d} = arith.divsi %arg{axis}, %c{consts}_i32 : i32");
+                    consts += 1;
+                    results.push(format!("%q{d}"));
+                }
                 IndexExpr::Prefetch { table, axis } => {
                     let t = k.grid.len() + table;
                     let _ =

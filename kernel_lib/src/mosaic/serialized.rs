@@ -264,6 +264,17 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
                     );
                     results.push(format!("%c{c}"));
                 }
+                IndexExpr::GridDiv { axis, by } => {
+                    let _ = writeln!(
+                        p.out,
+                        "    %c{c} = \"stable_mosaic.arith.constant\"() {{value = {by} : i32}} : () -> i32"
+                    );
+                    let _ = writeln!(
+                        p.out,
+                        "    %q{c} = \"stable_mosaic.arith.divsi\"(%arg{axis}, %c{c}) : (i32, i32) -> i32"
+                    );
+                    results.push(format!("%q{c}"));
+                }
                 IndexExpr::Prefetch { table, axis } => {
                     let t = k.grid.len() + table;
                     let _ = writeln!(

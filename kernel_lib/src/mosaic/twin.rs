@@ -156,6 +156,9 @@ fn step<'b>(
             let index = match e {
                 IndexExpr::Grid(axis) => grid[*axis],
                 IndexExpr::Const(c) => b.scalar(DType::I32, *c as f64)?,
+                IndexExpr::GridDiv { axis, by } => {
+                    b.binary(hlo::BinaryOp::Divide, grid[*axis], b.scalar(DType::I32, *by as f64)?)?
+                }
                 // The table's element at the grid index, as interpret mode reads it.
                 IndexExpr::Prefetch { table, axis } => {
                     let one = b.dynamic_slice(tables[*table], &[grid[*axis]], &[1])?;
