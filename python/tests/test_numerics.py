@@ -362,6 +362,85 @@ def _tiled_cases() -> list[Case]:
                 statics={"eps": eps}, dtypes=("f32", "bf16"), tiled=True,
             )
         )
+        out += _tiled_row_cases(shape)
+    return out
+
+
+def _tiled_row_cases(shape: tuple[int, ...]) -> list[Case]:
+    """The row-block tiled kernels at one shape: softmax and log-softmax over the last dim and
+    their backwards, layer norm and its backward, RMSNorm's backward (the backwards' weight
+    sums accumulate across row blocks: two of them at 2x512x512)."""
+    d, sid, tiled = shape[-1], _shape_id(shape), {"dtypes": ("f32", "bf16"), "tiled": True}
+    out = []
+
+    def make_x(g):
+        return [_randn(g, shape, 3.0)]
+
+    for kernel, op, fwd, bwd_kernel, bwd_op, bwd in [
+        ("tiled_softmax", "aten::_softmax.default", torch._softmax,
+         "tiled_softmax_backward", "aten::_softmax_backward_data.default", torch._softmax_backward_data),
+        ("tiled_log_softmax", "aten::_log_softmax.default", torch._log_softmax,
+         "tiled_log_softmax_backward", "aten::_log_softmax_backward_data.default",
+         torch._log_softmax_backward_data),
+    ]:
+        out.append(
+            Case(
+                kernel, op, sid, make_x,
+                ref=lambda x, fn=fwd: fn(x, -1, False), eager=lambda x, fn=fwd: fn(x, -1, False),
+                statics={"dim": -1, "half_to_float": False}, **tiled,
+            )
+        )
+
+        def make_bwd(g, fwd=fwd):
+            return [_randn(g, shape), fwd(_randn(g, shape, 3.0), -1, False)]
+
+        out.append(
+            Case(
+                bwd_kernel, bwd_op, sid, make_bwd,
+                ref=lambda grad, y, bwd=bwd: bwd(grad, y, -1, y.dtype),
+                eager=lambda grad, y, bwd=bwd: bwd(grad, y, -1, y.dtype),
+                statics={"dim": -1, "input_dtype": TORCH_NAMES.__getitem__}, **tiled,
+            )
+        )
+
+    def make_ln(g):
+        return [_randn(g, shape), _randn(g, (d,)), _randn(g, (d,))]
+
+    out.append(
+        Case(
+            "tiled_layer_norm", "aten::native_layer_norm.default", sid, make_ln,
+            ref=lambda x, w, b: torch.native_layer_norm(x, [d], w, b, 1e-5),
+            eager=lambda x, w, b: torch.native_layer_norm(x, [d], w, b, 1e-5),
+            statics={"eps": 1e-5}, **tiled,
+        )
+    )
+
+    def make_ln_bwd(g):
+        # As in `_layer_norm_backward_cases`: x on bf16's grid, its own saved statistics.
+        x = _randn(g, shape).bfloat16().double()
+        _, mean, rstd = torch.native_layer_norm(x, [d], None, None, 1e-5)
+        return [_randn(g, shape), x, mean, rstd, _randn(g, (d,)), _randn(g, (d,))]
+
+    def ln_bwd(grad, x, mean, rstd, w, b):
+        return torch.ops.aten.native_layer_norm_backward(grad, x, [d], mean, rstd, w, b, [True] * 3)
+
+    out.append(
+        Case("tiled_layer_norm_backward", "aten::native_layer_norm_backward.default", sid, make_ln_bwd,
+             ref=ln_bwd, eager=ln_bwd, **tiled)
+    )
+    eps = 1e-6
+
+    def make_rms_bwd(g):
+        return [_randn(g, shape), _randn(g, shape), _randn(g, (d,))]
+
+    out.append(
+        Case(
+            "tiled_rms_norm_backward", "tpuk::rms_norm_backward.default", sid, make_rms_bwd,
+            ref=lambda grad, x, w: _rms_grads(grad, x, w, eps, rms_norm_ref),
+            eager=lambda grad, x, w: _rms_grads(grad, x, w, eps, lambda a, b, e: F.rms_norm(a, [d], b, e)),
+            statics={"eps": eps}, **tiled,
+        )
+    )
     return out
 
 

@@ -21,7 +21,18 @@ use tpu_kernels_registry::{CallMeta, Index, Kernel, Registry, RegistryError};
 fn tiled() -> Vec<&'static KernelRegistration> {
     let all: Vec<_> = tpu_kernels::registered().into_iter().filter(|k| k.is_tiled()).collect();
     let names: Vec<&str> = all.iter().map(|k| k.name).collect();
-    for want in ["tiled_matmul_act", "tiled_matmul_bias_act", "tiled_rms_norm"] {
+    for want in [
+        "tiled_matmul_act",
+        "tiled_matmul_bias_act",
+        "tiled_rms_norm",
+        "tiled_rms_norm_backward",
+        "tiled_layer_norm",
+        "tiled_layer_norm_backward",
+        "tiled_softmax",
+        "tiled_log_softmax",
+        "tiled_softmax_backward",
+        "tiled_log_softmax_backward",
+    ] {
         assert!(names.contains(&want), "{want} is registered: {names:?}");
     }
     all
