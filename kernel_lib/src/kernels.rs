@@ -14,6 +14,7 @@ use crate::types::{DType, Dim, Shape, TensorType};
 pub mod backward;
 pub mod sdpa;
 pub mod tiled;
+pub mod tiled_attention;
 
 /// The type arithmetic happens in for inputs of `dtype`.
 fn compute_type(dtype: DType) -> DType {

@@ -1,0 +1,124 @@
+//! Flash attention as a tiled (Mosaic) kernel: the forward of PyTorch's CPU flash overload
+//! (`aten::_scaled_dot_product_flash_attention_for_cpu` without `attn_mask`), `(out,
+//! logsumexp)`, with an online softmax over key/value blocks.
+//!
+//! `query [B, H, L, E]`, `key`/`value` `[B, G, S, E]` are seen as `[B * H, L, E]` and
+//! `[B * G, S, E]`. The grid is `(B * H, L / bq, S / bk)`, blocks of 128 rows where the
+//! lengths allow (Pallas's default; else the largest multiple of 8 that divides, or the whole
+//! length when at most 128): one query block of one head per
+//! `(g, i)`, key/value blocks along the sequential (`arbitrary`) last axis. Query head `g` reads
+//! key/value head `g / (H / G)` (grouped-query attention: `b * H + h` over the group size is
+//! `b * G + h / group`). Per query block, f32 scratch keeps the running row max `m`, the running
+//! sum `l` and the unnormalised output `acc`; at the last key block `out = acc / l` and
+//! `logsumexp = m + log(l)`. With `is_causal` (top-left aligned, as PyTorch: key position at
+//! most query position), scores past the diagonal are masked and a key block wholly past a
+//! query block's last row is skipped: no MXU work, no exponentials. Scores, the softmax and the
+//! accumulation are f32; 16-bit probabilities are rounded to the value type for the second
+//! product, as Pallas's kernel does.
+//!
+//! Its backward is the StableHLO flash backward (`sdpa_flash_cpu_backward`), which recomputes
+//! the softmax from the inputs.
+
+use crate::DType;
+use crate::mosaic::dsl::{Block, Tiled};
+use crate::tpu_kernel;
+
+/// A masked score: far below any real one, yet `exp(mask - m)` is 0, not NaN, for finite `m`
+/// (Pallas's `DEFAULT_MASK_VALUE`).
+const MASK: f64 = -0.7 * f32::MAX as f64;
+
+#[tpu_kernel(
+    aten = "aten::_scaled_dot_product_flash_attention_for_cpu",
+    schema(query, key, value, dropout_p, is_causal, attn_mask, scale),
+    dtypes = [f32, bf16],
+    same_dtype,
+    shapes(query = [B, H, L, E], key = [B, G, S, E], value = [B, G, S, E]),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
+    require(dropout_p == 0.0),
+    cache_key = [dropout_p, is_causal, scale],
+    output = [same_as(query), tensor(f32, [B, H, L])],
+    backward = sdpa_flash_cpu_backward,
+    priority = -1,
+    tiled(
+        tiles(
+            BH = B * H,
+            BG = B * G,
+            group = H / G,
+            bq = tile(L, 128, 8),
+            bk = tile(S, 128, 8),
+        ),
+        grid = [BH, L / bq, S / bk],
+        semantics = [parallel, parallel, arbitrary],
+        inputs(
+            query = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
+            key = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+            value = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+        ),
+        outputs(
+            out = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
+            logsumexp = block([1, bq, 1], |g, i, j| (g, i, 0)).view([BH, L, 1]),
+        ),
+        scratch(m = vmem(f32, [bq, 1]), l = vmem(f32, [bq, 1]), acc = vmem(f32, [bq, E])),
+    ),
+    canonical = [
+        "f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128]; is_causal=true",
+        "bf16[1,4,128,128], bf16[1,2,384,128], bf16[1,2,384,128]",
+        "f32[2,4,16,32], f32[2,2,24,32], f32[2,2,24,32]; is_causal=true, scale=0.3",
+    ],
+)]
+#[allow(clippy::too_many_arguments, reason = "three inputs, two outputs, three scratch buffers")]
+pub fn tiled_sdpa_flash(
+    k: &Tiled,
+    query: Block,
+    key: Block,
+    value: Block,
+    out: Block,
+    logsumexp: Block,
+    m: Block,
+    l: Block,
+    acc: Block,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: f64,
+) {
+    let _ = dropout_p;
+    let (bq, e) = (acc.shape()[0], acc.shape()[1]);
+    let bk = key.shape()[1];
+    // -0 is PyTorch's `None`: 1 / sqrt(E); an explicit 0 is a zero scale.
+    let scale =
+        if scale == 0.0 && scale.is_sign_negative() { 1.0 / (e as f64).sqrt() } else { scale };
+    let (i, j) = (k.program_id(1), k.program_id(2));
+    k.when(j.eq(0), || {
+        m.store(k.full(DType::F32, &[bq, 1], MASK));
+        l.store(k.zeros(DType::F32, &[bq, 1]));
+        acc.store(k.zeros(DType::F32, &[bq, e]));
+    });
+    let step = || {
+        let q = query.load().reshape(&[bq, e]);
+        let v = value.load().reshape(&[bk, e]);
+        let mut s = q.matmul_t(key.load().reshape(&[bk, e])) * scale;
+        if is_causal {
+            let row = k.iota(&[bq, bk], 0) + (i * bq as i64).broadcast_to(&[bq, bk]);
+            let col = k.iota(&[bq, bk], 1) + (j * bk as i64).broadcast_to(&[bq, bk]);
+            s = col.le(row).select(s, MASK);
+        }
+        let m_prev = m.load();
+        let m_new = m_prev.maximum(s.amax(-1));
+        let p = (s - m_new).exp();
+        let alpha = (m_prev - m_new).exp();
+        l.store(l.load() * alpha + p.sum(-1));
+        acc.store(acc.load() * alpha + p.cast(v.dtype()).matmul(v));
+        m.store(m_new);
+    };
+    if is_causal {
+        // A key block has work when its first key is at most the query block's last row.
+        k.when((j * bk as i64).le(i * bq as i64 + (bq as i64 - 1)), step);
+    } else {
+        step();
+    }
+    k.when(j.eq(k.num_programs(2) - 1), || {
+        let total = l.load();
+        out.store((acc.load() / total).cast(out.dtype()).reshape(&[1, bq, e]));
+        logsumexp.store((m.load() + total.log()).reshape(&[1, bq, 1]));
+    });
+}
