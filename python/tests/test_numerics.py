@@ -711,6 +711,60 @@ def _additive(mask, dtype):
     return torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, -math.inf)
 
 
+# (B, H, L, E), (Hk, S), causal: several query and key/value blocks of 128 (the causal one
+# skips the block past the diagonal), grouped-query heads, and lengths no 128 divides.
+TILED_ATTENTION_SHAPES = [
+    ((1, 2, 256, 128), (2, 256), True),
+    ((1, 4, 128, 64), (2, 384), False),
+    ((2, 4, 40, 32), (2, 24), True),
+    ((1, 2, 7, 64), (2, 5), False),
+]
+
+
+def _tiled_attention_cases() -> list[Case]:
+    """The tiled flash-attention forward (no mask) against the written-out reference."""
+    out = []
+    for (b, h, l, e), (hk, s), is_causal in TILED_ATTENTION_SHAPES:
+        kw = {"is_causal": is_causal, "scale": None}
+
+        def make(g, b=b, h=h, l=l, e=e, hk=hk, s=s):
+            return [_randn(g, (b, h, l, e)), _randn(g, (b, hk, s, e)), _randn(g, (b, hk, s, e))]
+
+        def flash_ref(q, k, v, kw=kw):
+            return attention_ref(q, k, v, None, **kw)
+
+        def flash_eager(q, k, v, kw=kw):
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, kw["is_causal"])
+
+        tag = _shape_id((b, h, l, e), (b, hk, s, e)) + ("-causal" if is_causal else "")
+        out.append(
+            Case("tiled_sdpa_flash", FLASH, tag, make, ref=flash_ref, eager=flash_eager,
+                 statics={"is_causal": is_causal}, f32_outputs=(1,), dtypes=("f32", "bf16"), tiled=True)
+        )
+        if hk != h:
+            continue  # the tiled backward takes one key/value head per query head
+
+        def make_bwd(g, make=make, kw=kw):
+            # As for the flash backward: inputs on bf16's grid, the forward's own out and lse.
+            q, k, v = (t.bfloat16().double() for t in make(g))
+            o, lse = attention_ref(q, k, v, None, **kw)
+            return [_randn(g, tuple(o.shape)), q, k, v, o, lse]
+
+        def bwd_ref(grad, q, k, v, o, lse, kw=kw):
+            return _attention_grads(grad, q, k, v, None, **kw)[:3]
+
+        def bwd_eager(grad, q, k, v, o, lse, kw=kw):
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                grad, q, k, v, o, lse, 0.0, kw["is_causal"]
+            )
+
+        out.append(
+            Case("tiled_sdpa_flash_backward", FLASH_BWD, tag, make_bwd, ref=bwd_ref, eager=bwd_eager,
+                 statics={"is_causal": is_causal}, f32_inputs=(5,), dtypes=("f32", "bf16"), tiled=True)
+        )
+    return out
+
+
 def _attention_cases() -> list[Case]:
     """Every shape with no mask, a float mask and a bool mask for the flash kernels (causal on
     every other shape, an explicit scale on one), and with a float mask for `tpuk::attention`."""
@@ -812,6 +866,7 @@ CASES = (
     + _softmax_backward_cases()
     + _layer_norm_backward_cases()
     + _tiled_cases()
+    + _tiled_attention_cases()
 )
 PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
 

@@ -32,11 +32,20 @@ fn tiled() -> Vec<&'static KernelRegistration> {
         "tiled_log_softmax",
         "tiled_softmax_backward",
         "tiled_log_softmax_backward",
+        "tiled_sdpa_flash",
+        "tiled_sdpa_flash_backward",
     ] {
         assert!(names.contains(&want), "{want} is registered: {names:?}");
     }
     all
 }
+
+/// Tiled kernels that read what their forward saved (`out`, `logsumexp`) where the StableHLO
+/// kernel of the op recomputes it: random inputs are not a forward's, so the two differ on them,
+/// and `exp(s - logsumexp)` of an unrelated `logsumexp` magnifies rounding-order differences
+/// between the twin and the interpreter past f32 tolerances. `tiled_attention.rs` compares all
+/// three on a forward's outputs.
+const SAVED_STATE: &[&str] = &["tiled_sdpa_flash_backward"];
 
 fn inputs(sig: &KernelSignature) -> Vec<Vec<u8>> {
     sig.inputs.iter().enumerate().map(|(i, t)| random_bytes(t, 7 + i as u64).unwrap()).collect()
@@ -110,6 +119,10 @@ fn twin_interpreter_and_stablehlo_kernel_agree_on_the_cpu() {
     let index = Index::from_inventory().unwrap();
     for record in tiled() {
         let kernel = index.kernel(record.name).unwrap();
+        // Compared on a forward's own outputs in its own test instead.
+        if SAVED_STATE.contains(&record.name) {
+            continue;
+        }
         for sig in record.canonical_signatures().unwrap() {
             let what = format!("{} {}", record.name, sig.label());
             let data = inputs(&sig);

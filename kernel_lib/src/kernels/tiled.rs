@@ -462,6 +462,7 @@ pub fn tiled_layer_norm_backward(
 }
 
 /// The whole block, in f32.
+#[track_caller]
 fn f32(b: Block<'_>) -> Vector<'_> {
     b.load().cast(DType::F32)
 }
@@ -469,6 +470,7 @@ fn f32(b: Block<'_>) -> Vector<'_> {
 /// For each `(rows, acc, out)`: `acc` zeroed at the first grid step, `rows` summed over its
 /// rows into it at every step, `out` written from it at the last: a `[1, D]` sum over every
 /// row block of a sequential grid.
+#[track_caller]
 fn column_sums<'k>(k: &'k Tiled, sums: &[(Vector<'k>, Block<'k>, Block<'k>)]) {
     let first = k.program_id(0).eq(0);
     k.when(first, || {

@@ -16,11 +16,11 @@
 //! accumulation are f32; 16-bit probabilities are rounded to the value type for the second
 //! product, as Pallas's kernel does.
 //!
-//! Its backward is the StableHLO flash backward (`sdpa_flash_cpu_backward`), which recomputes
-//! the softmax from the inputs.
+//! Its backward, [`tiled_sdpa_flash_backward`], is FlashAttention-2's: the probabilities are
+//! recomputed from the saved `logsumexp`, per key/value block.
 
 use crate::DType;
-use crate::mosaic::dsl::{Block, Tiled};
+use crate::mosaic::dsl::{Block, Tiled, all, ds};
 use crate::tpu_kernel;
 
 /// A masked score: far below any real one, yet `exp(mask - m)` is 0, not NaN, for finite `m`
@@ -37,7 +37,7 @@ const MASK: f64 = -0.7 * f32::MAX as f64;
     require(dropout_p == 0.0),
     cache_key = [dropout_p, is_causal, scale],
     output = [same_as(query), tensor(f32, [B, H, L])],
-    backward = sdpa_flash_cpu_backward,
+    backward = tiled_sdpa_flash_backward,
     priority = -1,
     tiled(
         tiles(
@@ -120,5 +120,133 @@ pub fn tiled_sdpa_flash(
         let total = l.load();
         out.store((acc.load() / total).cast(out.dtype()).reshape(&[1, bq, e]));
         logsumexp.store((m.load() + total.log()).reshape(&[1, bq, 1]));
+    });
+}
+
+/// The flash-attention backward (`aten::_scaled_dot_product_flash_attention_for_cpu_backward`
+/// without a mask, one key/value head per query head): `(grad_query, grad_key, grad_value)`.
+///
+/// The grid is `(B * H, S / bk, L / bq)`: for each key/value block `j` the query blocks `i` run
+/// in order (both axes `arbitrary`), and per step, with `p = exp(q kᵀ * scale - logsumexp)`
+/// recomputed from the forward's saved statistics and `delta = rowsum(grad_out * out)`:
+/// `dv += pᵀ grad_out`, `ds = p * (grad_out vᵀ - delta) * scale`, `dk += dsᵀ q` (f32 scratch of
+/// the key/value block, written when its last query block is done) and `dq[i] += ds k` (an f32
+/// scratch of the head's whole query length, written at the head's last step). With
+/// `is_causal` a query block wholly before a key block is skipped. Grouped-query heads (fewer
+/// key/value heads) stay with the StableHLO backward.
+#[tpu_kernel(
+    aten = "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    schema(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale),
+    dtypes = [f32, bf16],
+    shapes(
+        grad_out = [B, H, L, E],
+        query = [B, H, L, E],
+        key = [B, H, S, E],
+        value = [B, H, S, E],
+        out = [B, H, L, E],
+        logsumexp = f32[B, H, L],
+    ),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
+    require(dropout_p == 0.0),
+    cache_key = [dropout_p, is_causal, scale],
+    output = [same_as(query), same_as(key), same_as(value)],
+    priority = -1,
+    tiled(
+        tiles(BH = B * H, bq = tile(L, 128, 8), bk = tile(S, 128, 8)),
+        grid = [BH, S / bk, L / bq],
+        semantics = [parallel, arbitrary, arbitrary],
+        inputs(
+            grad_out = block([1, bq, E], |g, j, i| (g, i, 0)).view([BH, L, E]),
+            query = block([1, bq, E], |g, j, i| (g, i, 0)).view([BH, L, E]),
+            key = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
+            value = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
+            out = block([1, bq, E], |g, j, i| (g, i, 0)).view([BH, L, E]),
+            logsumexp = block([1, bq, 1], |g, j, i| (g, i, 0)).view([BH, L, 1]),
+        ),
+        outputs(
+            grad_query = block([1, L, E], |g, j, i| (g, 0, 0)).view([BH, L, E]),
+            grad_key = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
+            grad_value = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
+        ),
+        scratch(dq = vmem(f32, [L, E]), dk = vmem(f32, [bk, E]), dv = vmem(f32, [bk, E])),
+    ),
+    canonical = [
+        "f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256]; is_causal=true",
+        "bf16[1,2,128,128], bf16[1,2,128,128], bf16[1,2,384,128], bf16[1,2,384,128], bf16[1,2,128,128], f32[1,2,128]",
+        "f32[2,2,16,32], f32[2,2,16,32], f32[2,2,24,32], f32[2,2,24,32], f32[2,2,16,32], f32[2,2,16]; is_causal=true, scale=0.3",
+    ],
+)]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the op's six inputs, three outputs, three accumulators"
+)]
+pub fn tiled_sdpa_flash_backward(
+    k: &Tiled,
+    grad_out: Block,
+    query: Block,
+    key: Block,
+    value: Block,
+    out: Block,
+    logsumexp: Block,
+    grad_query: Block,
+    grad_key: Block,
+    grad_value: Block,
+    dq: Block,
+    dk: Block,
+    dv: Block,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: f64,
+) {
+    let _ = dropout_p;
+    let (bk, e) = (dk.shape()[0], dk.shape()[1]);
+    let (l_len, bq) = (dq.shape()[0], query.shape()[1]);
+    let scale =
+        if scale == 0.0 && scale.is_sign_negative() { 1.0 / (e as f64).sqrt() } else { scale };
+    let (j, i) = (k.program_id(1), k.program_id(2));
+    let (last_j, last_i) = (k.num_programs(1) - 1, k.num_programs(2) - 1);
+    k.when(j.eq(0), || k.when(i.eq(0), || dq.store(k.zeros(DType::F32, &[l_len, e]))));
+    k.when(i.eq(0), || {
+        dk.store(k.zeros(DType::F32, &[bk, e]));
+        dv.store(k.zeros(DType::F32, &[bk, e]));
+    });
+    let step = || {
+        let rows = [bq, e];
+        let (q, g, o) = (
+            query.load().reshape(&rows),
+            grad_out.load().reshape(&rows),
+            out.load().reshape(&rows),
+        );
+        let kk = key.load().reshape(&[bk, e]);
+        let v = value.load().reshape(&[bk, e]);
+        let mut s = q.matmul_t(kk) * scale;
+        if is_causal {
+            let row = k.iota(&[bq, bk], 0) + (i * bq as i64).broadcast_to(&[bq, bk]);
+            let col = k.iota(&[bq, bk], 1) + (j * bk as i64).broadcast_to(&[bq, bk]);
+            s = col.le(row).select(s, MASK);
+        }
+        let p = (s - logsumexp.load().reshape(&[bq, 1])).exp();
+        dv.store(dv.load() + p.cast(g.dtype()).t_matmul(g));
+        let delta = (g.cast(DType::F32) * o.cast(DType::F32)).sum(-1);
+        let dp = g.matmul_t(v);
+        let d_s = p * (dp - delta) * scale;
+        dk.store(dk.load() + d_s.cast(q.dtype()).t_matmul(q));
+        let at = [ds((i * bq as i64).multiple_of(bq), bq), all()];
+        dq.store_at(&at, dq.load_at(&at) + d_s.cast(kk.dtype()).matmul(kk));
+    };
+    if is_causal {
+        // A query block has work when its last row reaches the key block's first key.
+        k.when((j * bk as i64).le(i * bq as i64 + (bq as i64 - 1)), step);
+    } else {
+        step();
+    }
+    k.when(i.eq(last_i), || {
+        grad_key.store(dk.load().cast(grad_key.dtype()).reshape(&[1, bk, e]));
+        grad_value.store(dv.load().cast(grad_value.dtype()).reshape(&[1, bk, e]));
+    });
+    k.when(j.eq(last_j), || {
+        k.when(i.eq(last_i), || {
+            grad_query.store(dq.load().cast(grad_query.dtype()).reshape(&[1, l_len, e]));
+        })
     });
 }
