@@ -13,8 +13,10 @@
 //! `logsumexp = m + log(l)`. With `is_causal` (top-left aligned, as PyTorch: key position at
 //! most query position), scores past the diagonal are masked and a key block wholly past a
 //! query block's last row is skipped: no MXU work, no exponentials. Scores, the softmax and the
-//! accumulation are f32; 16-bit probabilities are rounded to the value type for the second
-//! product, as Pallas's kernel does.
+//! accumulation are f32, and so is every product with a probability or a score gradient (the
+//! 16-bit operand is widened): Pallas rounds those to the input type for the MXU's bf16 rate,
+//! which puts a bf16 output 50-120x past the numerics harness's tolerance (the f32 result
+//! rounded once) where rows cancel; here accuracy comes first.
 //!
 //! Its backward, [`tiled_sdpa_flash_backward`], is FlashAttention-2's: the probabilities are
 //! recomputed from the saved `logsumexp`, per key/value block.
@@ -107,7 +109,7 @@ pub fn tiled_sdpa_flash(
         let p = (s - m_new).exp();
         let alpha = (m_prev - m_new).exp();
         l.store(l.load() * alpha + p.sum(-1));
-        acc.store(acc.load() * alpha + p.cast(v.dtype()).matmul(v));
+        acc.store(acc.load() * alpha + p.matmul(v.cast(DType::F32)));
         m.store(m_new);
     };
     if is_causal {
@@ -133,11 +135,14 @@ pub fn tiled_sdpa_flash(
 /// the key/value block, written when its last query block is done) and `dq[i] += ds k` (an f32
 /// scratch of the head's whole query length, written at the head's last step). With
 /// `is_causal` a query block wholly before a key block is skipped. Grouped-query heads (fewer
-/// key/value heads) stay with the StableHLO backward.
+/// key/value heads) stay with the StableHLO backward, and so do 16-bit inputs: `delta` from a
+/// saved 16-bit `out` is off by its rounding, which puts `grad_query` past the harness's
+/// tolerance where rows cancel (PyTorch's own CPU backward misses it by 190x); the StableHLO
+/// backward recomputes the output in f32.
 #[tpu_kernel(
     aten = "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
     schema(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale),
-    dtypes = [f32, bf16],
+    dtypes = [f32],
     shapes(
         grad_out = [B, H, L, E],
         query = [B, H, L, E],
@@ -172,7 +177,7 @@ pub fn tiled_sdpa_flash(
     ),
     canonical = [
         "f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256]; is_causal=true",
-        "bf16[1,2,128,128], bf16[1,2,128,128], bf16[1,2,384,128], bf16[1,2,384,128], bf16[1,2,128,128], f32[1,2,128]",
+        "f32[1,2,128,128], f32[1,2,128,128], f32[1,2,384,128], f32[1,2,384,128], f32[1,2,128,128], f32[1,2,128]",
         "f32[2,2,16,32], f32[2,2,16,32], f32[2,2,24,32], f32[2,2,24,32], f32[2,2,16,32], f32[2,2,16]; is_causal=true, scale=0.3",
     ],
 )]
@@ -226,13 +231,13 @@ pub fn tiled_sdpa_flash_backward(
             s = col.le(row).select(s, MASK);
         }
         let p = (s - logsumexp.load().reshape(&[bq, 1])).exp();
-        dv.store(dv.load() + p.cast(g.dtype()).t_matmul(g));
+        dv.store(dv.load() + p.t_matmul(g.cast(DType::F32)));
         let delta = (g.cast(DType::F32) * o.cast(DType::F32)).sum(-1);
         let dp = g.matmul_t(v);
         let d_s = p * (dp - delta) * scale;
-        dk.store(dk.load() + d_s.cast(q.dtype()).t_matmul(q));
+        dk.store(dk.load() + d_s.t_matmul(q.cast(DType::F32)));
         let at = [ds((i * bq as i64).multiple_of(bq), bq), all()];
-        dq.store_at(&at, dq.load_at(&at) + d_s.cast(kk.dtype()).matmul(kk));
+        dq.store_at(&at, dq.load_at(&at) + d_s.matmul(kk.cast(DType::F32)));
     };
     if is_causal {
         // A query block has work when its last row reaches the key block's first key.
