@@ -454,7 +454,56 @@ def _backward_cases() -> list[Case]:
     return c + base_cases("layer_norm_backward", base, guards)
 
 
-CASES = _kernel_cases() + _attention_cases() + _backward_cases()
+def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
+    """The newer tiled kernels: each plain sibling's case whose guard the tiled kernel has too
+    (the same violation is the tiled kernel's first failing guard), and by hand the guards only
+    the tiled kernel has, each case breaking as well a guard of the plain kernel that the tiled
+    kernel checks later, so that no kernel takes the call."""
+    siblings = {
+        "tiled_layer_norm": "layer_norm",
+        "tiled_layer_norm_backward": "layer_norm_backward",
+        "tiled_rms_norm_backward": "rms_norm_backward",
+        "tiled_sdpa_flash": "sdpa_flash_cpu",
+        "tiled_sdpa_flash_backward": "sdpa_flash_cpu_backward",
+    }
+    guards = {k["name"]: set(k["guards"]) | {"dtypes"} for k in tk.kernels()}
+    c = [
+        Case(tiled, x.guard, x.build, x.taken_by, x.probe, x.unchecked_by_pytorch)
+        for tiled, plain in siblings.items()
+        for x in plain_cases
+        if x.kernel == plain and x.guard in guards[tiled]
+    ]
+    # softmax, log_softmax over the last dim only (`dim = -1`), rank >= 1. The plain kernel takes
+    # a call that breaks only these (and cannot build a scalar's), so each case also asks for
+    # `half_to_float`, which the plain kernel refuses and the tiled one checks after them.
+    for kernel, op in [("tiled_softmax", A._softmax.default), ("tiled_log_softmax", A._log_softmax.default)]:
+        c.append(Case(kernel, "dtypes", lambda r, op=op: (op, (T(r, 4, 8, dtype=F64), -1, False), {})))
+        c.append(Case(kernel, f"rank(0, 1, {USIZE_MAX})", lambda r, op=op: (op, (T(r), -1, True), {})))
+        c.append(Case(kernel, "static_eq(dim, -1)", lambda r, op=op: (op, (T(r, 4, 8), 0, True), {})))
+        c.append(Case(kernel, "static_eq(half_to_float, false)", lambda r, op=op: (op, (T(r, 4, 8), -1, True), {})))
+    # The flash forward's one-dtype guard (the StableHLO kernel checks it in its body) and the
+    # backward's key/value heads equal to the query's (the StableHLO backward takes grouped
+    # heads): with dropout asked for as well, which the plain kernels refuse and the tiled ones
+    # check last.
+    sdpa = A._scaled_dot_product_flash_attention_for_cpu.default
+    sdpa_bwd = A._scaled_dot_product_flash_attention_for_cpu_backward.default
+    c.append(Case("tiled_sdpa_flash", "same_dtype()",
+                  lambda r: (sdpa, (T(r, 1, 2, 3, 4), T(r, 1, 2, 5, 4), T(r, 1, 2, 5, 4, dtype=BF16), 0.1, False), {})))
+
+    def bwd(r, kv_heads):
+        q, lse = T(r, 1, 2, 3, 4), T(r, 1, 2, 3)
+        k, v = T(r, 1, kv_heads[0], 5, 4), T(r, 1, kv_heads[1], 5, 4)
+        return sdpa_bwd, (q, q, k, v, q, lse, 0.1, False), {}
+
+    c.append(Case("tiled_sdpa_flash_backward", "same_dim(0, 1, 2, 1)", lambda r: bwd(r, (1, 1)),
+                  unchecked_by_pytorch=True))
+    c.append(Case("tiled_sdpa_flash_backward", "same_dim(0, 1, 3, 1)", lambda r: bwd(r, (2, 3)),
+                  unchecked_by_pytorch=True))
+    return c
+
+
+_PLAIN = _kernel_cases() + _attention_cases() + _backward_cases()
+CASES = _PLAIN + _tiled_guard_cases(_PLAIN)
 
 
 @dataclass(frozen=True)

@@ -374,39 +374,24 @@ def _tiled_cases() -> list[Case]:
 
 
 def _tiled_row_cases(shape: tuple[int, ...], backward_sums: bool) -> list[Case]:
-    """The row-block tiled kernels at one shape: softmax and log-softmax over the last dim and
-    their backwards, layer norm and its backward, RMSNorm's backward (the backwards' weight
-    sums accumulate across row blocks: two of them at 2x512x512)."""
+    """The row-block tiled kernels at one shape: softmax and log-softmax over the last dim, layer
+    norm and its backward, RMSNorm's backward (the backwards' weight sums accumulate across
+    row blocks)."""
     d, sid, tiled = shape[-1], _shape_id(shape), {"dtypes": ("f32", "bf16"), "tiled": True}
     out = []
 
     def make_x(g):
         return [_randn(g, shape, 3.0)]
 
-    for kernel, op, fwd, bwd_kernel, bwd_op, bwd in [
-        ("tiled_softmax", "aten::_softmax.default", torch._softmax,
-         "tiled_softmax_backward", "aten::_softmax_backward_data.default", torch._softmax_backward_data),
-        ("tiled_log_softmax", "aten::_log_softmax.default", torch._log_softmax,
-         "tiled_log_softmax_backward", "aten::_log_softmax_backward_data.default",
-         torch._log_softmax_backward_data),
+    for kernel, op, fwd in [
+        ("tiled_softmax", "aten::_softmax.default", torch._softmax),
+        ("tiled_log_softmax", "aten::_log_softmax.default", torch._log_softmax),
     ]:
         out.append(
             Case(
                 kernel, op, sid, make_x,
                 ref=lambda x, fn=fwd: fn(x, -1, False), eager=lambda x, fn=fwd: fn(x, -1, False),
                 statics={"dim": -1, "half_to_float": False}, **tiled,
-            )
-        )
-
-        def make_bwd(g, fwd=fwd):
-            return [_randn(g, shape), fwd(_randn(g, shape, 3.0), -1, False)]
-
-        out.append(
-            Case(
-                bwd_kernel, bwd_op, sid, make_bwd,
-                ref=lambda grad, y, bwd=bwd: bwd(grad, y, -1, y.dtype),
-                eager=lambda grad, y, bwd=bwd: bwd(grad, y, -1, y.dtype),
-                statics={"dim": -1, "input_dtype": TORCH_NAMES.__getitem__}, **tiled,
             )
         )
 

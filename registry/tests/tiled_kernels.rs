@@ -30,8 +30,6 @@ fn tiled() -> Vec<&'static KernelRegistration> {
         "tiled_layer_norm_backward",
         "tiled_softmax",
         "tiled_log_softmax",
-        "tiled_softmax_backward",
-        "tiled_log_softmax_backward",
         "tiled_sdpa_flash",
         "tiled_sdpa_flash_backward",
     ] {

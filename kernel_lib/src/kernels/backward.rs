@@ -11,7 +11,7 @@ use crate::types::DType;
 use super::{shape_error, upcast};
 
 /// The torch name of `dtype` (`float32`), as a `ScalarType` argument binds to a str static.
-pub(crate) fn torch_name(dtype: DType) -> &'static str {
+fn torch_name(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "float32",
         DType::BF16 => "bfloat16",
