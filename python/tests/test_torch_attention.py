@@ -89,7 +89,7 @@ def test_a_kernel_never_drops_an_argument_it_does_not_take():
     q, k, v = (t.detach() for t in _qkv())
     mask = torch.zeros(5, 7)
     reason = plain.bind((q, k, v), {"attn_mask": mask})
-    assert reason == "argument `attn_mask` is given; kernel sdpa_flash_cpu does not take it"
+    assert reason == "argument `attn_mask` is given; kernel sdpa_flash_cpu / tiled_sdpa_flash does not take it"
     tensors, _ = plan.bind((q, k, v), {"attn_mask": mask})
     assert len(tensors) == 4 and tensors[3] is mask
     before = report().ops.get(FLASH, {}).get("fallbacks", {}).get("no_kernel", 0)
