@@ -465,6 +465,7 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
         "tiled_rms_norm_backward": "rms_norm_backward",
         "tiled_sdpa_flash": "sdpa_flash_cpu",
         "tiled_sdpa_flash_backward": "sdpa_flash_cpu_backward",
+        "tiled_sdpa_flash_masked": "sdpa_flash_cpu_masked",
     }
     guards = {k["name"]: set(k["guards"]) | {"dtypes"} for k in tk.kernels()}
     c = [
@@ -472,6 +473,9 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
         for tiled, plain in siblings.items()
         for x in plain_cases
         if x.kernel == plain and x.guard in guards[tiled]
+        # The plain masked kernel's dropout case has a 4-d mask, which the tiled one refuses
+        # first: its own case is below.
+        and (tiled, x.guard) != ("tiled_sdpa_flash_masked", "static_eq(dropout_p, 0e0)")
     ]
     # softmax, log_softmax over the last dim only (`dim = -1`), rank >= 1. The plain kernel takes
     # a call that breaks only these (and cannot build a scalar's), so each case also asks for
@@ -499,6 +503,20 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
                   unchecked_by_pytorch=True))
     c.append(Case("tiled_sdpa_flash_backward", "same_dim(0, 1, 3, 1)", lambda r: bwd(r, (2, 3)),
                   unchecked_by_pytorch=True))
+
+    # The masked forward's mask: f32, [L, S] (the StableHLO kernel takes any broadcastable mask).
+    def masked(r, mask_shape=(3, 5), dtype=F32):
+        q, kv = T(r, 1, 2, 3, 4), T(r, 1, 2, 5, 4)
+        return sdpa, (q, kv, kv, 0.1, False), {"attn_mask": T(r, *mask_shape, dtype=dtype)}
+
+    c.append(Case("tiled_sdpa_flash_masked", "static_eq(dropout_p, 0e0)", masked))
+    for guard, kw in [
+        ("dtype_is(3, f32)", {"dtype": BF16}),
+        ("rank(3, 2, 2)", {"mask_shape": (1, 3, 5)}),
+        ("same_dim(0, 2, 3, 0)", {"mask_shape": (4, 5)}),
+        ("same_dim(1, 2, 3, 1)", {"mask_shape": (3, 6)}),
+    ]:
+        c.append(Case("tiled_sdpa_flash_masked", guard, lambda r, kw=kw: masked(r, **kw), unchecked_by_pytorch=True))
     return c
 
 

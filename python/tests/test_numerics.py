@@ -735,6 +735,24 @@ def _tiled_attention_cases() -> list[Case]:
             Case("tiled_sdpa_flash", FLASH, tag, make, ref=flash_ref, eager=flash_eager,
                  statics={"is_causal": is_causal}, f32_outputs=(1,), dtypes=("f32", "bf16"), tiled=True)
         )
+
+        # An additive f32 [L, S] mask, the same for every batch and head.
+        def make_masked(g, make=make, l=l, s=s):
+            return make(g) + [_randn(g, (l, s))]
+
+        def masked_ref(q, k, v, mask, kw=kw):
+            return attention_ref(q, k, v, mask, **kw)
+
+        def masked_eager(q, k, v, mask, kw=kw):
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, kw["is_causal"], attn_mask=mask
+            )
+
+        out.append(
+            Case("tiled_sdpa_flash_masked", FLASH, tag + "-mask", make_masked, ref=masked_ref, eager=masked_eager,
+                 statics={"is_causal": is_causal}, f32_inputs=(3,), f32_outputs=(1,), dtypes=("f32", "bf16"),
+                 tiled=True)
+        )
         if hk != h:
             continue  # the tiled backward takes one key/value head per query head
 

@@ -160,3 +160,16 @@ def test_torch_compile_trains_through_the_tiled_attention_and_row_kernels():
         got = _grads(compiled, 4)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=2e-4, atol=2e-4)
+
+
+def test_eager_strict_runs_the_masked_tiled_attention():
+    """An additive [L, S] float mask (a banded one) goes to the masked tiled flash kernel."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 256, 64) for _ in range(3))
+    band = torch.ones(256, 256).triu(-32).tril(32).bool()
+    mask = torch.zeros(256, 256).masked_fill(~band, -1e4)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    with force_tiled(), no_fallbacks(kernels=["tiled_sdpa_flash_masked"], ops=TRAINING_OPS):
+        with substitute("strict"):
+            got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)

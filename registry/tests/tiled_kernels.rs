@@ -31,6 +31,7 @@ fn tiled() -> Vec<&'static KernelRegistration> {
         "tiled_softmax",
         "tiled_log_softmax",
         "tiled_sdpa_flash",
+        "tiled_sdpa_flash_masked",
         "tiled_sdpa_flash_backward",
     ] {
         assert!(names.contains(&want), "{want} is registered: {names:?}");

@@ -1,6 +1,7 @@
-//! Flash attention as a tiled (Mosaic) kernel: the forward of PyTorch's CPU flash overload
-//! (`aten::_scaled_dot_product_flash_attention_for_cpu` without `attn_mask`), `(out,
-//! logsumexp)`, with an online softmax over key/value blocks.
+//! Flash attention as tiled (Mosaic) kernels: the forward of PyTorch's CPU flash overload
+//! (`aten::_scaled_dot_product_flash_attention_for_cpu`, without `attn_mask` and with an
+//! additive `[L, S]` one), `(out, logsumexp)`, with an online softmax over key/value blocks,
+//! and its backward.
 //!
 //! `query [B, H, L, E]`, `key`/`value` `[B, G, S, E]` are seen as `[B * H, L, E]` and
 //! `[B * G, S, E]`. The grid is `(B * H, L / bq, S / bk)`, blocks of 128 rows where the
@@ -84,6 +85,100 @@ pub fn tiled_sdpa_flash(
     scale: f64,
 ) {
     let _ = dropout_p;
+    let state = Online { m, l, acc };
+    flash_forward(k, [query, key, value], None, [out, logsumexp], state, is_causal, scale);
+}
+
+/// The flash forward with an additive f32 mask of the scores' shape, `[L, S]` (one mask for
+/// every batch and head, as a model's padding-free causal or banded mask): the mask's `[bq,
+/// bk]` block is added to each score block. A mask of another shape or type stays with the
+/// StableHLO kernel.
+#[tpu_kernel(
+    aten = "aten::_scaled_dot_product_flash_attention_for_cpu",
+    schema(query, key, value, dropout_p, is_causal, attn_mask, scale),
+    dtypes = [f32, bf16],
+    shapes(
+        query = [B, H, L, E],
+        key = [B, G, S, E],
+        value = [B, G, S, E],
+        attn_mask = f32[L, S],
+    ),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
+    require(dropout_p == 0.0),
+    cache_key = [dropout_p, is_causal, scale],
+    output = [same_as(query), tensor(f32, [B, H, L])],
+    backward = sdpa_flash_cpu_masked_backward,
+    priority = -1,
+    tiled(
+        tiles(
+            BH = B * H,
+            BG = B * G,
+            group = H / G,
+            bq = tile(L, 128, 8),
+            bk = tile(S, 512, 128),
+        ),
+        grid = [BH, L / bq, S / bk],
+        semantics = [parallel, parallel, arbitrary],
+        inputs(
+            query = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
+            key = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+            value = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+            attn_mask = block([bq, bk], |g, i, j| (i, j)),
+        ),
+        outputs(
+            out = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
+            logsumexp = block([1, bq, 1], |g, i, j| (g, i, 0)).view([BH, L, 1]),
+        ),
+        scratch(m = vmem(f32, [bq, 1]), l = vmem(f32, [bq, 1]), acc = vmem(f32, [bq, E])),
+    ),
+    canonical = [
+        "f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[256,256]; is_causal=true",
+        "bf16[1,4,128,128], bf16[1,2,1024,128], bf16[1,2,1024,128], f32[128,1024]",
+        "f32[2,4,16,32], f32[2,2,24,32], f32[2,2,24,32], f32[16,24]; scale=0.3",
+    ],
+)]
+#[allow(clippy::too_many_arguments, reason = "four inputs, two outputs, three scratch buffers")]
+pub fn tiled_sdpa_flash_masked(
+    k: &Tiled,
+    query: Block,
+    key: Block,
+    value: Block,
+    attn_mask: Block,
+    out: Block,
+    logsumexp: Block,
+    m: Block,
+    l: Block,
+    acc: Block,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: f64,
+) {
+    let _ = dropout_p;
+    let state = Online { m, l, acc };
+    let qkv = [query, key, value];
+    flash_forward(k, qkv, Some(attn_mask), [out, logsumexp], state, is_causal, scale);
+}
+
+/// The online softmax's running state per query block (f32 scratch): the row max, the row sum
+/// and the unnormalised output.
+struct Online<'k> {
+    m: Block<'k>,
+    l: Block<'k>,
+    acc: Block<'k>,
+}
+
+/// The flash forward's body at grid step `(g, i, j)`: reset the state at the first key block,
+/// fold key block `j` into it (unless causal masking leaves the block no work), and write
+/// `out = acc / l` and `logsumexp = m + log(l)` at the last.
+fn flash_forward<'k>(
+    k: &'k Tiled,
+    [query, key, value]: [Block<'k>; 3],
+    mask: Option<Block<'k>>,
+    [out, logsumexp]: [Block<'k>; 2],
+    Online { m, l, acc }: Online<'k>,
+    is_causal: bool,
+    scale: f64,
+) {
     let (bq, e) = (acc.shape()[0], acc.shape()[1]);
     let bk = key.shape()[1];
     // -0 is PyTorch's `None`: 1 / sqrt(E); an explicit 0 is a zero scale.
@@ -99,6 +194,9 @@ pub fn tiled_sdpa_flash(
         let q = query.load().reshape(&[bq, e]);
         let v = value.load().reshape(&[bk, e]);
         let mut s = q.matmul_t(key.load().reshape(&[bk, e])) * scale;
+        if let Some(mask) = mask {
+            s = s + mask.load().cast(DType::F32);
+        }
         if is_causal {
             let row = k.iota(&[bq, bk], 0) + (i * bq as i64).broadcast_to(&[bq, bk]);
             let col = k.iota(&[bq, bk], 1) + (j * bk as i64).broadcast_to(&[bq, bk]);
