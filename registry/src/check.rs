@@ -179,8 +179,81 @@ pub fn tpu_compile(
     })
 }
 
+/// Inputs to check `kernel` on at `sig`, row-major bytes: pseudo-random ([`random_bytes`]),
+/// except where random data is not what the kernel can be given:
+/// - a scalar-prefetch table holds block indices: random ones would leave the arrays (the
+///   interpreter refuses that, the twin clamps it), so each entry is a block that exists;
+/// - a backward that takes its forward's inputs and outputs after the incoming gradient (the
+///   flash-attention backward: `grad, q, k, v, out, logsumexp`, where the registered forward
+///   names it as its `backward`) gets the outputs the forward computes from those inputs: an
+///   unrelated `logsumexp` makes `exp(s - logsumexp)` arbitrarily large, and the gradient a sum
+///   of cancelling huge terms that no two summation orders agree on.
+pub fn check_inputs(
+    client: &Client,
+    kernel: &Kernel,
+    sig: &KernelSignature,
+) -> Result<Vec<Vec<u8>>, String> {
+    let bounds = match kernel.record.tiled_kernel(sig) {
+        Some(Ok(k)) => k.prefetch_bounds(),
+        _ => Vec::new(),
+    };
+    let mut inputs: Vec<Vec<u8>> = sig
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            Ok(match bounds.get(i).copied().flatten() {
+                Some(n) => random_bytes(t, i as u64 + 1)?
+                    .chunks(4)
+                    .flat_map(|c| {
+                        let v = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        (v.rem_euclid(n.max(1) as i32)).to_le_bytes()
+                    })
+                    .collect(),
+                None => random_bytes(t, i as u64 + 1)?,
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    let name = kernel.name();
+    let forward = tpu_kernels::registered().into_iter().find(|f| f.backward == Some(name));
+    if let Some(f) = forward {
+        let n_in = f.inputs.len();
+        let fsig = KernelSignature {
+            inputs: sig.inputs.iter().skip(1).take(n_in).cloned().collect(),
+            statics: sig
+                .statics
+                .iter()
+                .filter(|(n, _)| f.statics.iter().any(|p| p.name == *n))
+                .cloned()
+                .collect(),
+        };
+        let outputs = f.output_types(&fsig).ok().unwrap_or_default();
+        let lines_up = sig.inputs.len() == 1 + n_in + outputs.len()
+            && sig.inputs[1 + n_in..] == outputs[..]
+            && f.accepts(&fsig).is_ok();
+        if lines_up {
+            let module = f.emit(&fsig).map_err(|e| format!("forward {}: {e}", f.name))?;
+            let exe = client
+                .compile(&Program::text(module.to_text()), &CompileOptions::new())
+                .map_err(|e| format!("forward {}: compile: {e}", f.name))?;
+            let args: Vec<Buffer> = fsig
+                .inputs
+                .iter()
+                .zip(&inputs[1..=n_in])
+                .map(|(t, b)| upload(client, t, b))
+                .collect::<Result<_, _>>()?;
+            let refs: Vec<&Buffer> = args.iter().collect();
+            let saved = exe.execute(&refs).map_err(|e| format!("forward {}: {e}", f.name))?;
+            for (slot, out) in inputs[1 + n_in..].iter_mut().zip(&saved) {
+                *slot = out.read_in_place(<[u8]>::to_vec).map_err(|e| e.to_string())?;
+            }
+        }
+    }
+    Ok(inputs)
+}
+
 /// For a tiled kernel: the interpreter of its TPU module (the shipped Mosaic text libtpu is
-/// given, read back) and its CPU module (the twin) on the same random inputs; the largest
+/// given, read back) and its CPU module (the twin) on the same inputs ([`check_inputs`]); the largest
 /// difference of any output element, or why they disagree (beyond one rounding of the output
 /// type, and f32 sums taken in another order).
 pub fn interpreter_agreement(
@@ -190,29 +263,10 @@ pub fn interpreter_agreement(
 ) -> Result<f64, String> {
     let tpu = kernel.module_text(sig, Platform::Tpu).map_err(|e| e.to_string())?.text;
     let cpu = kernel.module_text(sig, Platform::Cpu).map_err(|e| e.to_string())?.text;
-    // A scalar-prefetch table holds block indices: random ones would leave the arrays (the
-    // interpreter refuses that, the twin clamps it), so each entry is a block that exists.
-    let bounds = match kernel.record.tiled_kernel(sig) {
-        Some(Ok(k)) => k.prefetch_bounds(),
-        _ => Vec::new(),
-    };
-    let buffers: Vec<Buffer> = sig
-        .inputs
+    let buffers: Vec<Buffer> = check_inputs(client, kernel, sig)?
         .iter()
-        .enumerate()
-        .map(|(i, t)| {
-            let bytes = match bounds.get(i).copied().flatten() {
-                Some(n) => random_bytes(t, i as u64 + 1)?
-                    .chunks(4)
-                    .flat_map(|c| {
-                        let v = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        (v.rem_euclid(n.max(1) as i32)).to_le_bytes()
-                    })
-                    .collect(),
-                None => random_bytes(t, i as u64 + 1)?,
-            };
-            upload(client, t, &bytes)
-        })
+        .zip(&sig.inputs)
+        .map(|(bytes, t)| upload(client, t, bytes))
         .collect::<Result<_, _>>()?;
     let values: Vec<Vec<f64>> = buffers.iter().map(buffer_as_f64).collect::<Result<_, _>>()?;
     let interpreted =

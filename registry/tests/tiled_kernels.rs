@@ -11,7 +11,7 @@ use tpu_kernels::registration::{
     KernelRegistration, KernelSignature, OutputRule, OutputSpec, Platform,
 };
 use tpu_kernels::{BuildError, DType, TensorType};
-use tpu_kernels_registry::check::{buffer_as_f64, random_bytes};
+use tpu_kernels_registry::check::buffer_as_f64;
 use tpu_kernels_registry::dispatch::upload;
 use tpu_kernels_registry::numerics::{Tolerance, assert_close};
 use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
@@ -37,17 +37,6 @@ fn tiled() -> Vec<&'static KernelRegistration> {
         assert!(names.contains(&want), "{want} is registered: {names:?}");
     }
     all
-}
-
-/// Tiled kernels that read what their forward saved (`out`, `logsumexp`) where the StableHLO
-/// kernel of the op recomputes it: random inputs are not a forward's, so the two differ on them,
-/// and `exp(s - logsumexp)` of an unrelated `logsumexp` magnifies rounding-order differences
-/// between the twin and the interpreter past f32 tolerances. `tiled_attention.rs` compares all
-/// three on a forward's outputs.
-const SAVED_STATE: &[&str] = &["tiled_sdpa_flash_backward"];
-
-fn inputs(sig: &KernelSignature) -> Vec<Vec<u8>> {
-    sig.inputs.iter().enumerate().map(|(i, t)| random_bytes(t, 7 + i as u64).unwrap()).collect()
 }
 
 fn as_f64(ty: &TensorType, bytes: &[u8]) -> Vec<f64> {
@@ -118,13 +107,10 @@ fn twin_interpreter_and_stablehlo_kernel_agree_on_the_cpu() {
     let index = Index::from_inventory().unwrap();
     for record in tiled() {
         let kernel = index.kernel(record.name).unwrap();
-        // Compared on a forward's own outputs in its own test instead.
-        if SAVED_STATE.contains(&record.name) {
-            continue;
-        }
         for sig in record.canonical_signatures().unwrap() {
             let what = format!("{} {}", record.name, sig.label());
-            let data = inputs(&sig);
+            // A backward that reads its forward's outputs gets the forward's own (`check_inputs`).
+            let data = tpu_kernels_registry::check::check_inputs(&client, kernel, &sig).unwrap();
             let twin_text = kernel.module_text(&sig, Platform::Cpu).unwrap().text.to_string();
             assert!(!twin_text.contains("tpu_custom_call"), "{what}: the CPU variant is the twin");
             let twin = run(&client, &twin_text, &sig, &data);
