@@ -661,6 +661,34 @@ def parse_emit(run: Run) -> None:
         )
 
 
+def parse_tiled(run: Run) -> None:
+    lines = run.stdout.splitlines()
+    compile_rows = []
+    for line in _after(lines, "libtpu compile, shipped Mosaic form"):
+        if "twin vs StableHLO" in line:
+            break
+        m = re.match(rf"^(\S+)\s+({NUM})\s+({NUM})\s+(\S+)$", line)
+        if m:
+            compile_rows.append(list(m.groups()))
+    if compile_rows:
+        run.tables.append(
+            ("libtpu compile time per tiled kernel, shipped form (ms, median of 3)", ["kernel", "v5e ms", "v6e ms", "signature"], compile_rows)
+        )
+    twin_rows = []
+    for line in _after(lines, "tiled twin vs StableHLO kernel on the CPU"):
+        m = re.match(rf"^(\S+)\s+(\S+)\s+({NUM})\s+({NUM})\s+({NUM})\s+(\S+)$", line)
+        if m:
+            twin_rows.append(list(m.groups()))
+    if twin_rows:
+        run.tables.append(
+            (
+                "tiled twin vs the StableHLO kernel of the same op on the CPU (µs, median of 30 interleaved runs; ratio > 1: the twin is slower)",
+                ["tiled kernel", "StableHLO kernel", "twin µs", "StableHLO µs", "ratio", "signature"],
+                twin_rows,
+            )
+        )
+
+
 def parse_pjrt(run: Run) -> None:
     """The summary table; the verdict of each row with a target is computed here from the value
     (the bench prints `ok` for some and nothing for `~` targets)."""
