@@ -572,22 +572,7 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
     }
     let mut seen: Vec<String> = Vec::new();
     for n in raw.prefetch.iter().flat_map(|(_, v)| v) {
-        let s = n.unraw().to_string();
-        if seen.contains(&s) {
-            cx.error_spanned_by(n, format!("`{s}` is declared twice"));
-        }
-        seen.push(s.clone());
-        match k.param(&s).map(|p| p.kind) {
-            Some(ParamKind::Static(..)) | Some(ParamKind::Ctx) => cx.error_spanned_by(
-                n,
-                format!("`{s}` is not a `Block` parameter: a prefetch table is a block"),
-            ),
-            None => cx.error_spanned_by(
-                n,
-                format!("prefetch table `{s}` is not a parameter of the kernel: add `{s}: Block`"),
-            ),
-            _ => {}
-        }
+        spec_name(cx, k, &mut seen, n, "prefetch table");
     }
     for (list, what) in
         [(&raw.inputs, "input"), (&raw.outputs, "output"), (&raw.scratch, "scratch")]
@@ -595,10 +580,7 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
         let mut seen: Vec<String> = Vec::new();
         for (n, _) in list.iter().flat_map(|(_, v)| v) {
             let s = n.unraw().to_string();
-            if seen.contains(&s) {
-                cx.error_spanned_by(n, format!("`{s}` is declared twice"));
-            }
-            seen.push(s.clone());
+            spec_name(cx, k, &mut seen, n, what);
             // Reported at the later declaration: the parameter took the first kind.
             if tables.contains(&s) {
                 cx.error_spanned_by(
@@ -625,17 +607,6 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
                     ),
                 );
             }
-            match k.param(&s).map(|p| p.kind) {
-                Some(ParamKind::Static(..)) | Some(ParamKind::Ctx) => cx.error_spanned_by(
-                    n,
-                    format!("`{s}` is not a `Block` parameter: a {what} spec names a block"),
-                ),
-                None => cx.error_spanned_by(
-                    n,
-                    format!("{what} `{s}` is not a parameter of the kernel: add `{s}: Block`"),
-                ),
-                _ => {}
-            }
         }
     }
     if raw.outputs.as_ref().is_none_or(|(_, v)| v.is_empty()) {
@@ -649,6 +620,27 @@ pub fn assign(cx: &mut Ctxt, attrs: &Attrs, k: &mut Kernel) -> Option<Assigned> 
         r.count = outs.len();
     }
     Some(Assigned { raw, span: *key })
+}
+
+/// Checks one name of a `prefetch`, `inputs`, `outputs` or `scratch` list (`what`): declared
+/// once in it (`seen`, the names before it), and a `Block` parameter of the kernel.
+fn spec_name(cx: &mut Ctxt, k: &Kernel, seen: &mut Vec<String>, n: &Ident, what: &str) {
+    let s = n.unraw().to_string();
+    if seen.contains(&s) {
+        cx.error_spanned_by(n, format!("`{s}` is declared twice"));
+    }
+    seen.push(s.clone());
+    match k.param(&s).map(|p| p.kind) {
+        Some(ParamKind::Static(..)) | Some(ParamKind::Ctx) => cx.error_spanned_by(
+            n,
+            format!("`{s}` is not a `Block` parameter: a {what} spec names a block"),
+        ),
+        None => cx.error_spanned_by(
+            n,
+            format!("{what} `{s}` is not a parameter of the kernel: add `{s}: Block`"),
+        ),
+        _ => {}
+    }
 }
 
 pub struct Assigned {

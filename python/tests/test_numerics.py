@@ -126,25 +126,29 @@ def _elementwise_cases() -> list[Case]:
     return out
 
 
-def _softmax_cases() -> list[Case]:
+SOFTMAX_OPS = [("softmax", "aten::_softmax.default", torch._softmax),
+               ("log_softmax", "aten::_log_softmax.default", torch._log_softmax)]
+
+
+def _softmax_cases(shapes=SOFTMAX_SHAPES, prefix: str = "", **kw: Any) -> list[Case]:
+    """Softmax and log-softmax at each `(shape, dim)`; `prefix` names the kernels (`tiled_`)
+    and `kw` goes to each case."""
     out = []
-    for shape, dim in SOFTMAX_SHAPES:
+    for shape, dim in shapes:
         def make(g, shape=shape):
             return [_randn(g, shape, 3.0)]
 
-        for kernel, op, fn in [
-            ("softmax", "aten::_softmax.default", torch._softmax),
-            ("log_softmax", "aten::_log_softmax.default", torch._log_softmax),
-        ]:
+        for kernel, op, fn in SOFTMAX_OPS:
             out.append(
                 Case(
-                    kernel,
+                    prefix + kernel,
                     op,
                     f"{_shape_id(shape)}-dim{dim}",
                     make,
                     ref=lambda x, fn=fn, dim=dim: fn(x, dim, False),
                     eager=lambda x, fn=fn, dim=dim: fn(x, dim, False),
                     statics={"dim": dim, "half_to_float": False},
+                    **kw,
                 )
             )
     return out
@@ -380,20 +384,7 @@ def _tiled_row_cases(shape: tuple[int, ...], backward_sums: bool) -> list[Case]:
     d, sid, tiled = shape[-1], _shape_id(shape), {"dtypes": ("f32", "bf16"), "tiled": True}
     out = []
 
-    def make_x(g):
-        return [_randn(g, shape, 3.0)]
-
-    for kernel, op, fwd in [
-        ("tiled_softmax", "aten::_softmax.default", torch._softmax),
-        ("tiled_log_softmax", "aten::_log_softmax.default", torch._log_softmax),
-    ]:
-        out.append(
-            Case(
-                kernel, op, sid, make_x,
-                ref=lambda x, fn=fwd: fn(x, -1, False), eager=lambda x, fn=fwd: fn(x, -1, False),
-                statics={"dim": -1, "half_to_float": False}, **tiled,
-            )
-        )
+    out += _softmax_cases([(shape, -1)], prefix="tiled_", **tiled)
 
     def make_ln(g):
         return [_randn(g, shape), _randn(g, (d,)), _randn(g, (d,))]

@@ -6,12 +6,15 @@
 //! the bf16 forms libtpu lacks are refused in Rust, naming the op.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
+#[path = "support/tiled_kernels.rs"]
+mod tiled_kernels;
+
 use tpu_kernels::mosaic::dsl::{Tiled, Vector};
 use tpu_kernels::mosaic::{Form, IndexExpr, Kernel, Semantics, cpu_twin, custom_call_module_as};
 use tpu_kernels::{DType, TensorType};
 use tpu_kernels_registry::numerics::{Tolerance, assert_close};
-use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
-use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
+use tpu_kernels_registry::pjrt::{CompileOptions, Program};
 
 const ROWS: u64 = 16;
 const COLS: u64 = 128;
@@ -78,19 +81,8 @@ fn round(v: &[f64], dtype: DType) -> Vec<f64> {
 
 #[test]
 fn the_rest_of_the_float_set_compiles_for_v5e_and_v6e() {
-    let Some(libtpu) = libtpu_for_tests() else { return };
-    for topology in ["v5e:1x1", "v6e:1x1"] {
-        let topo = Topology::new(&libtpu, topology).unwrap();
-        for dtype in [DType::F32, DType::BF16] {
-            let k = math(dtype);
-            for form in [Form::Shipped, Form::Readable] {
-                topo.compile(
-                    &Program::text(custom_call_module_as(&k, form)),
-                    &CompileOptions::new(),
-                )
-                .unwrap_or_else(|e| panic!("{dtype} {topology} {form:?}: {e}"));
-            }
-        }
+    for dtype in [DType::F32, DType::BF16] {
+        tiled_kernels::compiles_for_v5e_and_v6e(&math(dtype));
     }
 }
 
@@ -206,20 +198,8 @@ fn a_transposed_lhs_contracts_its_rows_on_v5e_v6e_the_twin_and_the_interpreter()
         text.contains("#tpu.dot_dimension_numbers<[0], [0], [1], [1], [0, 1, 1, 1], [], []>"),
         "{text}"
     );
-    if let Some(libtpu) = libtpu_for_tests() {
-        for topology in ["v5e:1x1", "v6e:1x1"] {
-            let topo = Topology::new(&libtpu, topology).unwrap();
-            for dtype in [DType::F32, DType::BF16] {
-                let k = weight_grad(dtype);
-                for form in [Form::Shipped, Form::Readable] {
-                    topo.compile(
-                        &Program::text(custom_call_module_as(&k, form)),
-                        &CompileOptions::new(),
-                    )
-                    .unwrap_or_else(|e| panic!("{dtype} {topology} {form:?}: {e}"));
-                }
-            }
-        }
+    for dtype in [DType::F32, DType::BF16] {
+        tiled_kernels::compiles_for_v5e_and_v6e(&weight_grad(dtype));
     }
     let x: Vec<f64> = (0..R * D).map(|i| ((i * 7 % 19) as f64 - 9.0) / 16.0).collect();
     let dy: Vec<f64> = (0..R * N).map(|i| ((i * 5 % 23) as f64 - 11.0) / 16.0).collect();

@@ -5,6 +5,9 @@
 //! wrong is refused before libtpu, naming the table or the window.
 #![allow(clippy::unwrap_used, reason = "helpers of tests: a failed unwrap is a failed test")]
 
+#[path = "support/tiled_kernels.rs"]
+mod tiled_kernels;
+
 use tpu_kernels::mosaic::dsl::Tiled;
 use tpu_kernels::mosaic::{
     Form, IndexExpr, Kernel, Semantics, cpu_twin, custom_call_module_as, interpret, print_kernel,
@@ -12,8 +15,8 @@ use tpu_kernels::mosaic::{
 };
 use tpu_kernels::{DType, ErrorKind, TensorType};
 use tpu_kernels_registry::numerics::{Tolerance, assert_close};
-use tpu_kernels_registry::pjrt::testing::{cpu_client_for_tests, libtpu_for_tests};
-use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+use tpu_kernels_registry::pjrt::testing::cpu_client_for_tests;
+use tpu_kernels_registry::pjrt::{CompileOptions, Program};
 
 const BLOCK: u64 = 8;
 const COLS: u64 = 256;
@@ -56,20 +59,6 @@ fn gathered(x: &[f64]) -> Vec<f64> {
         .collect()
 }
 
-fn compiles_for_v5e_and_v6e(kernel: &Kernel) {
-    let Some(libtpu) = libtpu_for_tests() else { return };
-    for topology in ["v5e:1x1", "v6e:1x1"] {
-        let topo = Topology::new(&libtpu, topology).unwrap();
-        for form in [Form::Shipped, Form::Readable] {
-            topo.compile(
-                &Program::text(custom_call_module_as(kernel, form)),
-                &CompileOptions::new(),
-            )
-            .unwrap_or_else(|e| panic!("{} {topology} {form:?}: {e}", kernel.name));
-        }
-    }
-}
-
 fn interpreted_matches(kernel: &Kernel, inputs: &[Vec<f64>], want: &[f64]) {
     for form in [Form::Readable, Form::Shipped] {
         let out = interpret(&custom_call_module_as(kernel, form), inputs)
@@ -77,6 +66,22 @@ fn interpreted_matches(kernel: &Kernel, inputs: &[Vec<f64>], want: &[f64]) {
         let what = format!("{} interpreter ({form:?})", kernel.name);
         assert_close(&what, &out[0], want, Tolerance::new(0.0, 0.0));
     }
+}
+
+/// The first output of a twin module run on the CPU plugin with the table [`IDS`], then f32
+/// arrays of [`COLS`] columns (`None` without the plugin).
+fn twin_output(text: String, arrays: &[&[f64]]) -> Option<Vec<f64>> {
+    let client = cpu_client_for_tests(1)?;
+    let exe = client.compile(&Program::text(text), &CompileOptions::new()).unwrap();
+    let mut buffers = vec![client.buffer_from_host(&IDS, &[IDS.len() as i64]).unwrap()];
+    for a in arrays {
+        let values: Vec<f32> = a.iter().map(|v| *v as f32).collect();
+        let dims = [(a.len() as u64 / COLS) as i64, COLS as i64];
+        buffers.push(client.buffer_from_host(&values, &dims).unwrap());
+    }
+    let refs: Vec<_> = buffers.iter().collect();
+    let out = exe.execute(&refs).unwrap()[0].to_vec::<f32>().unwrap();
+    Some(out.into_iter().map(f64::from).collect())
 }
 
 fn table() -> Vec<f64> {
@@ -117,7 +122,7 @@ fn a_prefetched_table_is_the_first_operand_and_every_transform_reads_it() {
 #[test]
 fn blocks_picked_by_a_prefetched_table_compile_for_v5e_and_v6e() {
     for dtype in [DType::F32, DType::BF16] {
-        compiles_for_v5e_and_v6e(&gather(dtype));
+        tiled_kernels::compiles_for_v5e_and_v6e(&gather(dtype));
     }
 }
 
@@ -127,14 +132,7 @@ fn the_twin_and_the_interpreter_gather_the_blocks_the_table_names() {
     let x = source();
     let want = gathered(&x);
     interpreted_matches(&k, &[table(), x.clone()], &want);
-    let Some(client) = cpu_client_for_tests(1) else { return };
-    let exe = client
-        .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
-        .unwrap();
-    let ids = client.buffer_from_host(&IDS, &[IDS.len() as i64]).unwrap();
-    let x32: Vec<f32> = x.iter().map(|v| *v as f32).collect();
-    let xb = client.buffer_from_host(&x32, &[(SOURCE_BLOCKS * BLOCK) as i64, COLS as i64]).unwrap();
-    let out = exe.execute(&[&ids, &xb]).unwrap()[0].to_vec::<f32>().unwrap();
+    let Some(out) = twin_output(cpu_twin(&k).unwrap().to_text(), &[&x]) else { return };
     assert_close("gather_blocks twin", &out, &want, Tolerance::new(0.0, 0.0));
 }
 
@@ -172,7 +170,7 @@ fn an_aliased_output_takes_blocks_where_the_table_says() {
     let call = custom_call_module_as(&k, Form::Shipped);
     // The alias names the custom call's operand: the table is operand 0, `base` operand 1.
     assert!(call.contains("operand_index = 1, operand_tuple_indices = []"), "{call}");
-    compiles_for_v5e_and_v6e(&k);
+    tiled_kernels::compiles_for_v5e_and_v6e(&k);
     let base = source();
     let x: Vec<f64> = (0..IDS.len() as u64 * BLOCK * COLS).map(|i| 1000.0 + i as f64).collect();
     let block = (BLOCK * COLS) as usize;
@@ -182,16 +180,7 @@ fn an_aliased_output_takes_blocks_where_the_table_says() {
         want[to..to + block].copy_from_slice(&x[i * block..(i + 1) * block]);
     }
     interpreted_matches(&k, &[table(), base.clone(), x.clone()], &want);
-    let Some(client) = cpu_client_for_tests(1) else { return };
-    let exe = client
-        .compile(&Program::text(cpu_twin(&k).unwrap().to_text()), &CompileOptions::new())
-        .unwrap();
-    let f32s = |v: &[f64]| v.iter().map(|v| *v as f32).collect::<Vec<f32>>();
-    let ids = client.buffer_from_host(&IDS, &[IDS.len() as i64]).unwrap();
-    let rows = |v: &[f64]| (v.len() as u64 / COLS) as i64;
-    let bb = client.buffer_from_host(&f32s(&base), &[rows(&base), COLS as i64]).unwrap();
-    let xb = client.buffer_from_host(&f32s(&x), &[rows(&x), COLS as i64]).unwrap();
-    let out = exe.execute(&[&ids, &bb, &xb]).unwrap()[0].to_vec::<f32>().unwrap();
+    let Some(out) = twin_output(cpu_twin(&k).unwrap().to_text(), &[&base, &x]) else { return };
     assert_close("scatter_blocks twin", &out, &want, Tolerance::new(0.0, 0.0));
 }
 
@@ -252,7 +241,7 @@ fn a_vmem_limit_travels_in_the_backend_config_and_is_checked() {
     let call = custom_call_module_as(&limited, Form::Shipped);
     let config = "\\22scoped_memory_configs\\22: [{\\22memory_space\\22: 1, \\22offset\\22: 0, \\22size\\22: 50331648}]";
     assert!(call.contains(config), "{call}");
-    compiles_for_v5e_and_v6e(&limited);
+    tiled_kernels::compiles_for_v5e_and_v6e(&limited);
     // The interpreter reads a config that carries one.
     interpreted_matches(&limited, &[table(), source()], &gathered(&source()));
 }
@@ -297,7 +286,7 @@ fn the_macro_declares_prefetch_tables_index_maps_that_read_them_and_a_vmem_limit
     let picked = vec![IndexExpr::Prefetch { table: 0, axis: 0 }, IndexExpr::Const(0)];
     assert_eq!(kernel.windows[0].index_map, picked);
     assert_eq!(kernel.windows[2].index_map, picked);
-    compiles_for_v5e_and_v6e(&kernel);
+    tiled_kernels::compiles_for_v5e_and_v6e(&kernel);
     // A table that is not a 1-d i32 array is declined by the plan, not an error.
     let bad = record.parse_signature("i32[2,2], f32[48,256], f32[32,256]").unwrap();
     let why = write_pages::plan(&bad).unwrap_err();
@@ -312,20 +301,11 @@ fn the_macro_declares_prefetch_tables_index_maps_that_read_them_and_a_vmem_limit
         want[to..to + block].copy_from_slice(&new[i * block..(i + 1) * block]);
     }
     interpreted_matches(&kernel, &[table(), cache.clone(), new.clone()], &want);
-    let Some(client) = cpu_client_for_tests(1) else { return };
-    let exe = client
-        .compile(
-            &Program::text(write_pages::module(&sig).unwrap().to_text()),
-            &CompileOptions::new(),
-        )
-        .unwrap();
-    let f32s = |v: &[f64]| v.iter().map(|v| *v as f32).collect::<Vec<f32>>();
-    let ids = client.buffer_from_host(&IDS, &[IDS.len() as i64]).unwrap();
-    let cb = client.buffer_from_host(&f32s(&cache), &[48, COLS as i64]).unwrap();
-    let nb = client.buffer_from_host(&f32s(&new), &[32, COLS as i64]).unwrap();
-    let out = exe.execute(&[&ids, &cb, &nb]).unwrap()[0].to_vec::<f32>().unwrap();
+    let text = write_pages::module(&sig).unwrap().to_text();
+    let Some(out) = twin_output(text, &[&cache, &new]) else { return };
     assert_close("write_pages twin", &out, &want, Tolerance::new(0.0, 0.0));
     // `tpuk check`'s interpreter column fills the table with blocks that exist.
+    let client = cpu_client_for_tests(1).unwrap();
     let k = tpu_kernels_registry::Kernel::from_static(record);
     let worst = tpu_kernels_registry::check::interpreter_agreement(&client, &k, &sig).unwrap();
     assert_eq!(worst, 0.0);

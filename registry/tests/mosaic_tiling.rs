@@ -89,86 +89,65 @@ fn rust_accepts_a_block_exactly_when_libtpu_compiles_it() {
     );
 }
 
-#[test]
-fn rust_accepts_a_vmem_budget_exactly_when_libtpu_compiles_it() {
+/// Compiles each `(what, kernel)` for v5e and v6e; fails listing every case where Rust's VMEM
+/// check and libtpu's compile disagree.
+fn vmem_verdicts_agree(cases: &[(String, Kernel)]) {
     let Some(libtpu) = libtpu_for_tests() else { return };
     let mut disagreements = Vec::new();
-    let mut cases = 0;
     for (topology, target) in [("v5e:1x1", check::Target::V5E), ("v6e:1x1", check::Target::V6E)] {
         let topology = Topology::new(&libtpu, topology).unwrap();
-        // A copy of f32 [rows, 2048] blocks: in and out, double-buffered: rows * 32 KiB.
-        for rows in [128u64, 256, 384, 496, 512, 528, 640, 768, 1008, 1024, 1040, 1280] {
-            for dtype in [DType::F32, DType::BF16] {
-                let cols = if dtype == DType::F32 { 2048 } else { 4096 };
-                let kernel = copy(dtype, [rows * 2, cols], [rows, cols]);
-                let rust = check::vmem(&kernel, target).is_ok();
-                let verdict = topology
-                    .compile(&Program::text(custom_call_module(&kernel)), &CompileOptions::new());
-                cases += 1;
-                if rust != verdict.is_ok() {
-                    disagreements.push(format!(
-                        "{dtype} block [{rows}, {cols}] ({} bytes) on {}: rust {}, libtpu {}",
-                        check::vmem_bytes(&kernel),
-                        topology.name(),
-                        if rust { "accepts" } else { "refuses" },
-                        verdict.err().map_or("compiles".to_owned(), |e| e
-                            .to_string()
-                            .lines()
-                            .next()
-                            .unwrap_or_default()
-                            .to_owned())
-                    ));
-                }
+        for (what, kernel) in cases {
+            let rust = check::vmem(kernel, target).is_ok();
+            let verdict = topology
+                .compile(&Program::text(custom_call_module(kernel)), &CompileOptions::new());
+            if rust != verdict.is_ok() {
+                let libtpu = verdict.err().map_or("compiles".to_owned(), |e| {
+                    e.to_string().lines().next().unwrap_or_default().to_owned()
+                });
+                disagreements.push(format!(
+                    "{what} ({} bytes) on {}: rust {}, libtpu {libtpu}",
+                    check::vmem_bytes(kernel),
+                    topology.name(),
+                    if rust { "accepts" } else { "refuses" },
+                ));
             }
         }
     }
     assert!(
         disagreements.is_empty(),
-        "{} of {cases} cases disagree:\n{}",
+        "{} of {} cases disagree:\n{}",
         disagreements.len(),
+        2 * cases.len(),
         disagreements.join("\n")
     );
 }
 
 #[test]
-fn rust_accepts_a_vmem_limit_exactly_when_libtpu_compiles_under_it() {
-    let Some(libtpu) = libtpu_for_tests() else { return };
-    let mut disagreements = Vec::new();
-    let mut cases = 0;
-    for (topology, target) in [("v5e:1x1", check::Target::V5E), ("v6e:1x1", check::Target::V6E)] {
-        let topology = Topology::new(&libtpu, topology).unwrap();
-        // f32 [rows, 2048] copy blocks, in and out, double-buffered: rows * 32 KiB.
-        // Around each limit (rows * 32 KiB = limit at rows = 32 * MiB): 8 MiB is under both
-        // targets' defaults, 48 and 100 MiB over them.
-        for limit_mib in [8u64, 48, 100] {
-            for rows in [32 * limit_mib - 64, 32 * limit_mib, 32 * limit_mib + 64] {
-                let mut kernel = copy(DType::F32, [rows * 2, 2048], [rows, 2048]);
-                kernel.vmem_limit_bytes = Some(limit_mib << 20);
-                let rust = check::vmem(&kernel, target).is_ok();
-                let verdict = topology
-                    .compile(&Program::text(custom_call_module(&kernel)), &CompileOptions::new());
-                cases += 1;
-                if rust != verdict.is_ok() {
-                    disagreements.push(format!(
-                        "block [{rows}, 2048] ({} bytes) under a {limit_mib} MiB limit on {}: rust {}, libtpu {}",
-                        check::vmem_bytes(&kernel),
-                        topology.name(),
-                        if rust { "accepts" } else { "refuses" },
-                        verdict.err().map_or("compiles".to_owned(), |e| e
-                            .to_string()
-                            .lines()
-                            .next()
-                            .unwrap_or_default()
-                            .to_owned())
-                    ));
-                }
-            }
+fn rust_accepts_a_vmem_budget_exactly_when_libtpu_compiles_it() {
+    // A copy of f32 [rows, 2048] blocks: in and out, double-buffered: rows * 32 KiB.
+    let mut cases = Vec::new();
+    for rows in [128u64, 256, 384, 496, 512, 528, 640, 768, 1008, 1024, 1040, 1280] {
+        for dtype in [DType::F32, DType::BF16] {
+            let cols = if dtype == DType::F32 { 2048 } else { 4096 };
+            let kernel = copy(dtype, [rows * 2, cols], [rows, cols]);
+            cases.push((format!("{dtype} block [{rows}, {cols}]"), kernel));
         }
     }
-    assert!(
-        disagreements.is_empty(),
-        "{} of {cases} cases disagree:\n{}",
-        disagreements.len(),
-        disagreements.join("\n")
-    );
+    vmem_verdicts_agree(&cases);
+}
+
+#[test]
+fn rust_accepts_a_vmem_limit_exactly_when_libtpu_compiles_under_it() {
+    // f32 [rows, 2048] copy blocks, in and out, double-buffered: rows * 32 KiB. Around each
+    // limit (rows * 32 KiB = limit at rows = 32 * MiB): 8 MiB is under both targets'
+    // defaults, 48 and 100 MiB over them.
+    let mut cases = Vec::new();
+    for limit_mib in [8u64, 48, 100] {
+        for rows in [32 * limit_mib - 64, 32 * limit_mib, 32 * limit_mib + 64] {
+            let mut kernel = copy(DType::F32, [rows * 2, 2048], [rows, 2048]);
+            kernel.vmem_limit_bytes = Some(limit_mib << 20);
+            cases.push((format!("block [{rows}, 2048] under a {limit_mib} MiB limit"), kernel));
+        }
+    }
+    vmem_verdicts_agree(&cases);
 }

@@ -472,6 +472,19 @@ impl<'k> Operand<'k> for i64 {
     }
 }
 
+/// One method per elementwise float function: `self.name()` is `UnaryOp::Op` on `self`.
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $name:ident => $op:ident,)*) => {
+        $(
+            $(#[$doc])*
+            #[track_caller]
+            pub fn $name(self) -> Vector<'k> {
+                self.unary(UnaryOp::$op)
+            }
+        )*
+    };
+}
+
 impl<'k> Vector<'k> {
     /// The value's type (`None` once an earlier op failed).
     pub fn ty(&self) -> Option<MType> {
@@ -566,65 +579,24 @@ impl<'k> Vector<'k> {
         self.binary(BinaryOp::Min, rhs)
     }
 
-    #[track_caller]
-    pub fn exp(self) -> Vector<'k> {
-        self.unary(UnaryOp::Exp)
-    }
-
-    #[track_caller]
-    pub fn log(self) -> Vector<'k> {
-        self.unary(UnaryOp::Log)
-    }
-
-    #[track_caller]
-    pub fn tanh(self) -> Vector<'k> {
-        self.unary(UnaryOp::Tanh)
-    }
-
-    #[track_caller]
-    pub fn sqrt(self) -> Vector<'k> {
-        self.unary(UnaryOp::Sqrt)
-    }
-
-    #[track_caller]
-    pub fn rsqrt(self) -> Vector<'k> {
-        self.unary(UnaryOp::Rsqrt)
-    }
-
-    #[track_caller]
-    pub fn erf(self) -> Vector<'k> {
-        self.unary(UnaryOp::Erf)
-    }
-
-    #[track_caller]
-    pub fn abs(self) -> Vector<'k> {
-        self.unary(UnaryOp::Abs)
-    }
-
-    /// `ln(1 + self)`, exact near 0.
-    #[track_caller]
-    pub fn log1p(self) -> Vector<'k> {
-        self.unary(UnaryOp::Log1p)
-    }
-
-    #[track_caller]
-    pub fn sin(self) -> Vector<'k> {
-        self.unary(UnaryOp::Sin)
-    }
-
-    #[track_caller]
-    pub fn cos(self) -> Vector<'k> {
-        self.unary(UnaryOp::Cos)
-    }
-
-    #[track_caller]
-    pub fn floor(self) -> Vector<'k> {
-        self.unary(UnaryOp::Floor)
-    }
-
-    #[track_caller]
-    pub fn ceil(self) -> Vector<'k> {
-        self.unary(UnaryOp::Ceil)
+    unary_methods! {
+        /// `e^self`.
+        exp => Exp,
+        /// The natural logarithm.
+        log => Log,
+        tanh => Tanh,
+        sqrt => Sqrt,
+        /// `1 / sqrt(self)`.
+        rsqrt => Rsqrt,
+        /// The error function.
+        erf => Erf,
+        abs => Abs,
+        /// `ln(1 + self)`, exact near 0.
+        log1p => Log1p,
+        sin => Sin,
+        cos => Cos,
+        floor => Floor,
+        ceil => Ceil,
     }
 
     /// `self` to the power `rhs` (floats).

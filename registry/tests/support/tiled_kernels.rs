@@ -112,3 +112,21 @@ pub fn copy(
     k.store(o, v)?;
     k.finish_without_layout_checks()
 }
+
+/// Both printed forms of `kernel` compile with libtpu for v5e and v6e (nothing to do when the
+/// tests run without libtpu, which `TPUK_REQUIRE_RUNTIMES` turns into a failure).
+pub fn compiles_for_v5e_and_v6e(kernel: &Kernel) {
+    use tpu_kernels::mosaic::{Form, custom_call_module_as};
+    use tpu_kernels_registry::pjrt::{CompileOptions, Program, Topology};
+    let Some(libtpu) = tpu_kernels_registry::pjrt::testing::libtpu_for_tests() else { return };
+    for topology in ["v5e:1x1", "v6e:1x1"] {
+        let topo = Topology::new(&libtpu, topology).unwrap_or_else(|e| panic!("{topology}: {e}"));
+        for form in [Form::Shipped, Form::Readable] {
+            topo.compile(
+                &Program::text(custom_call_module_as(kernel, form)),
+                &CompileOptions::new(),
+            )
+            .unwrap_or_else(|e| panic!("{} on {topology} ({form:?}): {e}", kernel.name));
+        }
+    }
+}
