@@ -15,6 +15,7 @@ pub mod backward;
 pub mod sdpa;
 pub mod tiled;
 pub mod tiled_attention;
+pub mod tiled_loss;
 
 /// The type arithmetic happens in for inputs of `dtype`.
 fn compute_type(dtype: DType) -> DType {
@@ -32,6 +33,7 @@ fn upcast(x: Tensor<'_>) -> Tensor<'_> {
 pub mod math {
     use super::upcast;
     use crate::builder::Tensor;
+    use crate::types::{Dim, Shape};
 
     /// `x * Φ(x)` with the exact normal CDF: `0.5 x (1 + erf(x / √2))`.
     pub fn gelu_exact(x: Tensor<'_>) -> Tensor<'_> {
@@ -48,8 +50,28 @@ pub mod math {
         (xf * (inner.tanh() + 1.0) * 0.5).cast(x.dtype())
     }
 
+    /// `f(xs, dim)` for tensors of one shape, a rank-0 shape seen as `[1]` along dim 0 and the
+    /// result made rank 0 again: PyTorch normalises a scalar along dim 0 or -1 over itself.
+    pub fn along_dim<'b>(
+        xs: &[Tensor<'b>],
+        dim: i64,
+        f: impl FnOnce(&[Tensor<'b>], i64) -> Tensor<'b>,
+    ) -> Tensor<'b> {
+        // Another dim of a scalar is out of range: left to fail, as PyTorch does.
+        if xs.first().is_some_and(|x| !x.shape().0.is_empty()) || !matches!(dim, 0 | -1) {
+            return f(xs, dim);
+        }
+        let one = Shape(vec![Dim::Static(1)]);
+        let seen: Vec<Tensor<'b>> = xs.iter().map(|x| x.reshape(one.clone())).collect();
+        f(&seen, 0).reshape(Shape::scalar())
+    }
+
     /// `exp(x - max) / sum(exp(x - max))` along `dim`.
     pub fn softmax(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
+        along_dim(&[x], dim, |x, dim| softmax_of(x[0], dim))
+    }
+
+    fn softmax_of(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
         let xf = upcast(x);
         let shifted = xf - xf.amax(&[dim], true);
         let e = shifted.exp();
@@ -58,6 +80,10 @@ pub mod math {
 
     /// `x - max - log(sum(exp(x - max)))` along `dim`.
     pub fn log_softmax(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
+        along_dim(&[x], dim, |x, dim| log_softmax_of(x[0], dim))
+    }
+
+    fn log_softmax_of(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
         let xf = upcast(x);
         let shifted = xf - xf.amax(&[dim], true);
         (shifted - shifted.exp().sum(&[dim], true).log()).cast(x.dtype())
@@ -409,7 +435,8 @@ pub fn cross_entropy(logits: Tensor, target: Tensor) -> Result<Tensor, BuildErro
 /// Gradient of [`fn@cross_entropy`] for `grad`, the gradient of its scalar output:
 /// `(dlogits, dtarget)`.
 ///
-/// `dlogits = grad * (softmax(logits) - one_hot(target)) / N`. `grad` is the loss's gradient:
+/// `dlogits = grad * (softmax(logits) - one_hot(target)) / N`, 0 on a row whose target is
+/// outside `0..C` (it adds a constant 0 to the loss). `grad` is the loss's gradient:
 /// one element, as a scalar (what autograd passes) or any shape of size 1 (`[1]`). Class indices
 /// have no gradient: `dtarget` is zeros of the target's type, there so that the pairing returns
 /// one gradient per tensor input (autograd drops it: an integer target never requires one).
@@ -452,8 +479,10 @@ pub fn cross_entropy_backward(
     let e = (lf - lf.amax(&[1], true)).exp();
     let softmax = e / e.sum(&[1], true);
     let hot = one_hot(logits, target)?.select(lf.full_like(1.0), lf.full_like(0.0));
+    // A row whose target selects no class adds a constant 0 to the loss: its gradient is 0.
+    let found = hot.sum(&[1], true);
     let scale = upcast(grad).reshape(Shape::scalar()) * (1.0 / n as f64);
-    let dlogits = (softmax - hot) * scale;
+    let dlogits = (softmax * found - hot) * scale;
     Ok((dlogits.cast(logits.dtype()), target.full_like(0.0)))
 }
 

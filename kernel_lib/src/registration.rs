@@ -997,14 +997,17 @@ pub mod macro_support {
         }
     }
 
-    /// `array` as the kernel's window sees it: itself, or its `view` (the same element count).
+    /// `array` as the kernel's window sees it: itself, or its `view` (the same element count),
+    /// with a 64-bit integer element type narrowed to 32 bits ([`crate::mosaic::window_dtype`]:
+    /// Mosaic has no 64-bit integers; the custom call's wrapper and the twin convert).
     pub fn tiled_view(array: &TensorType, view: &Option<Vec<u64>>) -> Result<TensorType, String> {
-        let Some(v) = view else { return Ok(array.clone()) };
+        let dtype = crate::mosaic::window_dtype(array.dtype);
+        let Some(v) = view else { return Ok(TensorType { dtype, shape: array.shape.clone() }) };
         let n: Option<u64> = array.shape.static_dims().map(|d| d.iter().product());
         if n != Some(v.iter().product()) {
             return Err(format!("{array} cannot be viewed as {v:?}: another element count"));
         }
-        Ok(TensorType::new(array.dtype, v.as_slice()))
+        Ok(TensorType::new(dtype, v.as_slice()))
     }
 
     /// The plan fits: each view has its array's element count, and blocks (double-buffered)
@@ -1035,8 +1038,8 @@ pub mod macro_support {
             dims.iter().try_fold(elem, |acc, d| acc.checked_mul(*d)).unwrap_or(u64::MAX)
         };
         for ((a, b), v) in arrays.iter().zip(blocks).zip(views) {
-            tiled_view(a, v)?;
-            bytes = bytes.saturating_add(size(b, 2 * a.dtype.byte_size() as u64));
+            let seen = tiled_view(a, v)?;
+            bytes = bytes.saturating_add(size(b, 2 * seen.dtype.byte_size() as u64));
         }
         for (s, e) in scratch.iter().zip(scratch_elem) {
             bytes = bytes.saturating_add(size(s, *e));

@@ -30,6 +30,10 @@ fn tiled() -> Vec<&'static KernelRegistration> {
         "tiled_layer_norm_backward",
         "tiled_softmax",
         "tiled_log_softmax",
+        "tiled_softmax_backward",
+        "tiled_log_softmax_backward",
+        "tiled_cross_entropy",
+        "tiled_cross_entropy_backward",
         "tiled_sdpa_flash",
         "tiled_sdpa_flash_masked",
         "tiled_sdpa_flash_backward",
@@ -46,6 +50,8 @@ fn as_f64(ty: &TensorType, bytes: &[u8]) -> Vec<f64> {
         .map(|c| match ty.dtype {
             DType::F32 => f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
             DType::BF16 => half::bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::I32 => f64::from(i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            DType::I64 => i64::from_le_bytes(c.try_into().unwrap()) as f64,
             other => panic!("no test data for {other}"),
         })
         .collect()

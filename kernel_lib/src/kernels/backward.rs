@@ -8,10 +8,11 @@ use crate::error::BuildError;
 use crate::tpu_kernel;
 use crate::types::DType;
 
+use super::math::along_dim;
 use super::{shape_error, upcast};
 
 /// The torch name of `dtype` (`float32`), as a `ScalarType` argument binds to a str static.
-fn torch_name(dtype: DType) -> &'static str {
+pub(crate) fn torch_name(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => "float32",
         DType::BF16 => "bfloat16",
@@ -73,8 +74,10 @@ pub fn softmax_backward(
     input_dtype: &str,
 ) -> Result<Tensor, BuildError> {
     check_softmax_backward("softmax_backward", grad_output, output, input_dtype)?;
-    let (g, y) = (upcast(grad_output), upcast(output));
-    Ok((y * (g - (g * y).sum(&[dim], true))).cast(output.dtype()))
+    Ok(along_dim(&[grad_output, output], dim, |t, dim| {
+        let (g, y) = (upcast(t[0]), upcast(t[1]));
+        (y * (g - (g * y).sum(&[dim], true))).cast(output.dtype())
+    }))
 }
 
 /// Gradient of log-softmax along `dim` from its output `y`: `grad - exp(y) * sum(grad, dim)`.
@@ -99,8 +102,10 @@ pub fn log_softmax_backward(
     input_dtype: &str,
 ) -> Result<Tensor, BuildError> {
     check_softmax_backward("log_softmax_backward", grad_output, output, input_dtype)?;
-    let (g, y) = (upcast(grad_output), upcast(output));
-    Ok((g - y.exp() * g.sum(&[dim], true)).cast(output.dtype()))
+    Ok(along_dim(&[grad_output, output], dim, |t, dim| {
+        let (g, y) = (upcast(t[0]), upcast(t[1]));
+        (g - y.exp() * g.sum(&[dim], true)).cast(output.dtype())
+    }))
 }
 
 /// Gradient of [`layer_norm`](fn@super::layer_norm) (`aten::native_layer_norm` over the last

@@ -160,7 +160,7 @@ pub fn tiled_rms_norm(x: Block, weight: Block, out: Block, eps: f64) {
     out.store(y.cast(out.dtype()));
 }
 
-// ----- softmax and log-softmax over row blocks -----
+// ----- softmax, log-softmax and their backwards, over row blocks -----
 //
 // Each views its input as `[rows, D]` and normalises one block of rows per grid step, in f32,
 // the whole last dim in the block (`D` up to what 256K elements a block leaves: the row count
@@ -228,6 +228,108 @@ pub fn tiled_log_softmax(self_: Block, out: Block, dim: i64, half_to_float: bool
     let x = self_.load().cast(DType::F32);
     let shifted = x - x.amax(-1);
     out.store((shifted - shifted.exp().sum(-1).log()).cast(out.dtype()));
+}
+
+/// `input_dtype`, the forward input's type a softmax backward is told, must be its tensors'
+/// own (a `half_to_float` forward has no kernel here), else the call is refused.
+fn same_input_dtype(k: &Tiled, out: Block<'_>, input_dtype: &str) {
+    let want = super::backward::torch_name(out.dtype());
+    let given = input_dtype.strip_prefix("torch.").unwrap_or(input_dtype);
+    if given != want {
+        k.fail(
+            ErrorKind::Unsupported,
+            format!(
+                "input_dtype {given} differs from the output's {want} (a half_to_float forward); \
+                 this kernel takes the forward's own type"
+            ),
+        );
+    }
+}
+
+/// Gradient of softmax along the last dim from its output `y`: `y * (grad - sum(grad * y))`.
+#[doc = row_kernel_doc!()]
+#[tpu_kernel(
+    aten = "aten::_softmax_backward_data",
+    dtypes = [f32, bf16],
+    same_dtype,
+    shapes(grad_output = [.., D], output = [.., D]),
+    defaults(dim = -1),
+    require(dim == -1),
+    cache_key = [dim],
+    ignore_in_cache_key(input_dtype = "checked equal to the tensors' element type"),
+    output = same_as(output),
+    priority = -1,
+    tiled(
+        tiles(R = numel(output) / D, br = tile(R, max(8, cdiv(262144, D)), 8)),
+        grid = [R / br],
+        semantics = [parallel],
+        inputs(
+            grad_output = block([br, D], |i| (i, 0)).view([R, D]),
+            output = block([br, D], |i| (i, 0)).view([R, D]),
+        ),
+        outputs(grad_input = block([br, D], |i| (i, 0)).view([R, D])),
+    ),
+    canonical = [
+        "f32[256,1024], f32[256,1024]; dim=-1, input_dtype=float32",
+        "bf16[4,8,512], bf16[4,8,512]; dim=-1, input_dtype=bfloat16",
+        "f32[3,7,33], f32[3,7,33]; dim=-1, input_dtype=float32",
+    ],
+)]
+pub fn tiled_softmax_backward(
+    k: &Tiled,
+    grad_output: Block,
+    output: Block,
+    grad_input: Block,
+    dim: i64,
+    input_dtype: &str,
+) {
+    let _ = dim;
+    same_input_dtype(k, output, input_dtype);
+    let (g, y) = (grad_output.load().cast(DType::F32), output.load().cast(DType::F32));
+    grad_input.store((y * (g - (g * y).sum(-1))).cast(grad_input.dtype()));
+}
+
+/// Gradient of log-softmax along the last dim from its output `y`: `grad - exp(y) * sum(grad)`.
+#[doc = row_kernel_doc!()]
+#[tpu_kernel(
+    aten = "aten::_log_softmax_backward_data",
+    dtypes = [f32, bf16],
+    same_dtype,
+    shapes(grad_output = [.., D], output = [.., D]),
+    defaults(dim = -1),
+    require(dim == -1),
+    cache_key = [dim],
+    ignore_in_cache_key(input_dtype = "checked equal to the tensors' element type"),
+    output = same_as(output),
+    priority = -1,
+    tiled(
+        tiles(R = numel(output) / D, br = tile(R, max(8, cdiv(262144, D)), 8)),
+        grid = [R / br],
+        semantics = [parallel],
+        inputs(
+            grad_output = block([br, D], |i| (i, 0)).view([R, D]),
+            output = block([br, D], |i| (i, 0)).view([R, D]),
+        ),
+        outputs(grad_input = block([br, D], |i| (i, 0)).view([R, D])),
+    ),
+    canonical = [
+        "f32[256,1024], f32[256,1024]; dim=-1, input_dtype=float32",
+        "bf16[4,8,512], bf16[4,8,512]; dim=-1, input_dtype=bfloat16",
+        "f32[3,7,33], f32[3,7,33]; dim=-1, input_dtype=float32",
+    ],
+)]
+pub fn tiled_log_softmax_backward(
+    k: &Tiled,
+    grad_output: Block,
+    output: Block,
+    grad_input: Block,
+    dim: i64,
+    input_dtype: &str,
+) {
+    let _ = dim;
+    same_input_dtype(k, output, input_dtype);
+    let (g, y) = (grad_output.load().cast(DType::F32), output.load().cast(DType::F32));
+    grad_input.store((g - y.exp() * g.sum(-1)).cast(grad_input.dtype()));
 }
 
 // ----- layer norm, and the norms' backwards -----

@@ -28,7 +28,7 @@ use crate::tpu_kernel;
 
 /// A masked score: far below any real one, yet `exp(mask - m)` is 0, not NaN, for finite `m`
 /// (Pallas's `DEFAULT_MASK_VALUE`).
-const MASK: f64 = -0.7 * f32::MAX as f64;
+pub(crate) const MASK: f64 = -0.7 * f32::MAX as f64;
 
 #[tpu_kernel(
     aten = "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -224,19 +224,21 @@ fn flash_forward<'k>(
 }
 
 /// The flash-attention backward (`aten::_scaled_dot_product_flash_attention_for_cpu_backward`
-/// without a mask, one key/value head per query head): `(grad_query, grad_key, grad_value)`.
+/// without a mask): `(grad_query, grad_key, grad_value)`, grouped-query heads included.
 ///
-/// The grid is `(B * H, S / bk, L / bq)`: for each key/value block `j` the query blocks `i` run
-/// in order (both axes `arbitrary`), and per step, with `p = exp(q kᵀ * scale - logsumexp)`
-/// recomputed from the forward's saved statistics and `delta = rowsum(grad_out * out)`:
-/// `dv += pᵀ grad_out`, `ds = p * (grad_out vᵀ - delta) * scale`, `dk += dsᵀ q` (f32 scratch of
-/// the key/value block, written when its last query block is done) and `dq[i] += ds k` (an f32
-/// scratch of the head's whole query length, written at the head's last step). With
-/// `is_causal` a query block wholly before a key block is skipped. Grouped-query heads (fewer
-/// key/value heads) stay with the StableHLO backward, and so do 16-bit inputs: `delta` from a
-/// saved 16-bit `out` is off by its rounding, which puts `grad_query` past the harness's
-/// tolerance where rows cancel (PyTorch's own CPU backward misses it by 190x); the StableHLO
-/// backward recomputes the output in f32.
+/// With `G` key/value heads and `group = H / G` query heads each, the query-side arrays are
+/// seen as `[B * G, group, L, E]` (a free reshape: the heads of one group are adjacent) and the
+/// grid is `(B * G, S / bk, group, L / bq)`: for each key/value block `j`, the query blocks `i`
+/// of every head `h` of its group run in order (all but the first axis `arbitrary`), and per
+/// step, with `p = exp(q kᵀ * scale - logsumexp)` recomputed from the forward's saved statistics
+/// and `delta = rowsum(grad_out * out)`: `dv += pᵀ grad_out`, `ds = p * (grad_out vᵀ - delta) *
+/// scale`, `dk += dsᵀ q` (f32 scratch of the key/value block, summed over the group's heads and
+/// written when its last query block is done) and `dq[h, i] += ds k` (an f32 scratch of the
+/// group's whole query length, written at the group's last step). With `is_causal` a query
+/// block wholly before a key block is skipped. 16-bit inputs stay with the StableHLO backward:
+/// `delta` from a saved 16-bit `out` is off by its rounding, which puts `grad_query` past the
+/// harness's tolerance where rows cancel (PyTorch's own CPU backward misses it by 190x); the
+/// StableHLO backward recomputes the output in f32.
 #[tpu_kernel(
     aten = "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
     schema(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale),
@@ -244,8 +246,8 @@ fn flash_forward<'k>(
     shapes(
         grad_out = [B, H, L, E],
         query = [B, H, L, E],
-        key = [B, H, S, E],
-        value = [B, H, S, E],
+        key = [B, G, S, E],
+        value = [B, G, S, E],
         out = [B, H, L, E],
         logsumexp = f32[B, H, L],
     ),
@@ -255,28 +257,35 @@ fn flash_forward<'k>(
     output = [same_as(query), same_as(key), same_as(value)],
     priority = -1,
     tiled(
-        tiles(BH = B * H, bq = tile(L, 128, 8), bk = tile(S, 128, 8)),
-        grid = [BH, S / bk, L / bq],
-        semantics = [parallel, arbitrary, arbitrary],
+        tiles(
+            BG = B * G,
+            group = H / G,
+            GL = group * L,
+            bq = tile(L, 128, 8),
+            bk = tile(S, 128, 8),
+        ),
+        grid = [BG, S / bk, group, L / bq],
+        semantics = [parallel, arbitrary, arbitrary, arbitrary],
         inputs(
-            grad_out = block([1, bq, E], |g, j, i| (g, i, 0)).view([BH, L, E]),
-            query = block([1, bq, E], |g, j, i| (g, i, 0)).view([BH, L, E]),
-            key = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
-            value = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
-            out = block([1, bq, E], |g, j, i| (g, i, 0)).view([BH, L, E]),
-            logsumexp = block([1, bq, 1], |g, j, i| (g, i, 0)).view([BH, L, 1]),
+            grad_out = block([1, 1, bq, E], |g, j, h, i| (g, h, i, 0)).view([BG, group, L, E]),
+            query = block([1, 1, bq, E], |g, j, h, i| (g, h, i, 0)).view([BG, group, L, E]),
+            key = block([1, bk, E], |g, j, h, i| (g, j, 0)).view([BG, S, E]),
+            value = block([1, bk, E], |g, j, h, i| (g, j, 0)).view([BG, S, E]),
+            out = block([1, 1, bq, E], |g, j, h, i| (g, h, i, 0)).view([BG, group, L, E]),
+            logsumexp = block([1, 1, bq, 1], |g, j, h, i| (g, h, i, 0)).view([BG, group, L, 1]),
         ),
         outputs(
-            grad_query = block([1, L, E], |g, j, i| (g, 0, 0)).view([BH, L, E]),
-            grad_key = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
-            grad_value = block([1, bk, E], |g, j, i| (g, j, 0)).view([BH, S, E]),
+            grad_query = block([1, GL, E], |g, j, h, i| (g, 0, 0)).view([BG, GL, E]),
+            grad_key = block([1, bk, E], |g, j, h, i| (g, j, 0)).view([BG, S, E]),
+            grad_value = block([1, bk, E], |g, j, h, i| (g, j, 0)).view([BG, S, E]),
         ),
-        scratch(dq = vmem(f32, [L, E]), dk = vmem(f32, [bk, E]), dv = vmem(f32, [bk, E])),
+        scratch(dq = vmem(f32, [GL, E]), dk = vmem(f32, [bk, E]), dv = vmem(f32, [bk, E])),
     ),
     canonical = [
         "f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256]; is_causal=true",
         "f32[1,2,128,128], f32[1,2,128,128], f32[1,2,384,128], f32[1,2,384,128], f32[1,2,128,128], f32[1,2,128]",
         "f32[2,2,16,32], f32[2,2,16,32], f32[2,2,24,32], f32[2,2,24,32], f32[2,2,16,32], f32[2,2,16]; is_causal=true, scale=0.3",
+        "f32[1,4,256,64], f32[1,4,256,64], f32[1,2,256,64], f32[1,2,256,64], f32[1,4,256,64], f32[1,4,256]; is_causal=true",
     ],
 )]
 #[allow(
@@ -303,15 +312,21 @@ pub fn tiled_sdpa_flash_backward(
 ) {
     let _ = dropout_p;
     let (bk, e) = (dk.shape()[0], dk.shape()[1]);
-    let (l_len, bq) = (dq.shape()[0], query.shape()[1]);
+    let (group_len, bq) = (dq.shape()[0], query.shape()[2]);
+    let l_len = bq * k.grid()[3];
     let scale =
         if scale == 0.0 && scale.is_sign_negative() { 1.0 / (e as f64).sqrt() } else { scale };
-    let (j, i) = (k.program_id(1), k.program_id(2));
-    let (last_j, last_i) = (k.num_programs(1) - 1, k.num_programs(2) - 1);
-    k.when(j.eq(0), || k.when(i.eq(0), || dq.store(k.zeros(DType::F32, &[l_len, e]))));
-    k.when(i.eq(0), || {
-        dk.store(k.zeros(DType::F32, &[bk, e]));
-        dv.store(k.zeros(DType::F32, &[bk, e]));
+    let (j, h, i) = (k.program_id(1), k.program_id(2), k.program_id(3));
+    let last = |axis: usize| k.program_id(axis).eq(k.num_programs(axis) - 1);
+    let first = |axis: usize| k.program_id(axis).eq(0);
+    k.when(first(1), || {
+        k.when(first(2), || k.when(first(3), || dq.store(k.zeros(DType::F32, &[group_len, e]))))
+    });
+    k.when(first(2), || {
+        k.when(first(3), || {
+            dk.store(k.zeros(DType::F32, &[bk, e]));
+            dv.store(k.zeros(DType::F32, &[bk, e]));
+        })
     });
     let step = || {
         let rows = [bq, e];
@@ -334,7 +349,8 @@ pub fn tiled_sdpa_flash_backward(
         let dp = g.matmul_t(v);
         let d_s = p * (dp - delta) * scale;
         dk.store(dk.load() + d_s.t_matmul(q.cast(DType::F32)));
-        let at = [ds((i * bq as i64).multiple_of(bq), bq), all()];
+        let row0 = (h * l_len as i64 + i * bq as i64).multiple_of(bq);
+        let at = [ds(row0, bq), all()];
         dq.store_at(&at, dq.load_at(&at) + d_s.matmul(kk.cast(DType::F32)));
     };
     if is_causal {
@@ -343,13 +359,18 @@ pub fn tiled_sdpa_flash_backward(
     } else {
         step();
     }
-    k.when(i.eq(last_i), || {
-        grad_key.store(dk.load().cast(grad_key.dtype()).reshape(&[1, bk, e]));
-        grad_value.store(dv.load().cast(grad_value.dtype()).reshape(&[1, bk, e]));
+    k.when(last(2), || {
+        k.when(last(3), || {
+            grad_key.store(dk.load().cast(grad_key.dtype()).reshape(&[1, bk, e]));
+            grad_value.store(dv.load().cast(grad_value.dtype()).reshape(&[1, bk, e]));
+        })
     });
-    k.when(j.eq(last_j), || {
-        k.when(i.eq(last_i), || {
-            grad_query.store(dq.load().cast(grad_query.dtype()).reshape(&[1, l_len, e]));
+    k.when(last(1), || {
+        k.when(last(2), || {
+            k.when(last(3), || {
+                let dq_all = dq.load().cast(grad_query.dtype());
+                grad_query.store(dq_all.reshape(&[1, group_len, e]));
+            })
         })
     });
 }

@@ -148,6 +148,12 @@ impl Tiled {
         self.b.into_inner().finish()
     }
 
+    /// The grid: the number of steps of each axis (what [`Tiled::num_programs`] gives as a
+    /// value, here as numbers the body can compute with while it is built).
+    pub fn grid(&self) -> Vec<u64> {
+        self.b.borrow().grid().to_vec()
+    }
+
     /// The kernel's name.
     pub fn name(&self) -> String {
         self.b.borrow().name().to_owned()

@@ -43,3 +43,18 @@ pub use serialized::print_kernel_serialized;
 pub use twin::{cpu_twin, cpu_twin_for};
 pub use types::{MType, MemorySpace};
 pub use wrap::{Form, custom_call_module, custom_call_module_as, custom_call_module_for};
+
+use crate::types::DType;
+
+/// The element type a kernel's window has for a caller's array of `dtype`: the same, but for
+/// 64-bit integers, narrowed to 32 bits (Mosaic has no 64-bit integers). A caller's `i64`
+/// class indices reach the kernel as `i32`; the custom call's wrapper
+/// ([`custom_call_module_for`]) and the twin ([`cpu_twin_for`]) convert around it (values
+/// outside the 32-bit range wrap, as `stablehlo.convert` does), and an `i32` output the caller
+/// sees as `i64` is widened back.
+pub fn window_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::I64 => DType::I32,
+        other => other,
+    }
+}

@@ -53,9 +53,7 @@ pub fn cpu_twin_for(
     let mut args = b.args();
     let tables = args.drain(..kernel.prefetch.len().min(args.len())).collect::<Vec<_>>();
     for (a, w) in args.iter_mut().zip(kernel.inputs()) {
-        if a.ty() != w.array {
-            *a = a.reshape(w.array.shape.clone());
-        }
+        *a = adapt(*a, &w.array);
     }
     let mut init = vec![b.scalar(DType::I32, 0.0)?];
     for (o, w) in kernel.outputs().iter().enumerate() {
@@ -80,11 +78,17 @@ pub fn cpu_twin_for(
     )?;
     let mut results = result[1..=n_out].to_vec();
     for (r, caller) in results.iter_mut().zip(outputs) {
-        if r.ty() != *caller {
-            *r = r.reshape(caller.shape.clone());
-        }
+        *r = adapt(*r, caller);
     }
     b.finish(&results)
+}
+
+/// `x` as type `to` (the same element count): converted where the element types differ (the
+/// 64-bit integers Mosaic lacks, [`super::window_dtype`]), reshaped where the shapes do, as the
+/// custom call's wrapper does.
+fn adapt<'b>(x: Tensor<'b>, to: &TensorType) -> Tensor<'b> {
+    let x = if x.dtype() != to.dtype { x.cast(to.dtype) } else { x };
+    if x.ty() != *to { x.reshape(to.shape.clone()) } else { x }
 }
 
 fn uninitialised(dtype: DType) -> f64 {

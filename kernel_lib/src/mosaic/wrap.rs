@@ -126,12 +126,7 @@ pub fn custom_call_module_for(
     );
     let mut args = Vec::with_capacity(views.len());
     for (i, (caller, view)) in callers.iter().zip(&views).enumerate() {
-        if caller == view {
-            args.push(format!("%arg{i}"));
-        } else {
-            let _ = writeln!(out, "    %in{i} = stablehlo.reshape %arg{i} : ({caller}) -> {view}");
-            args.push(format!("%in{i}"));
-        }
+        args.push(adapt(&mut out, &format!("%arg{i}"), caller, view, &format!("%in{i}")));
     }
     let n = out_views.len();
     let lhs = if n == 1 { "%0".to_owned() } else { format!("%0:{n}") };
@@ -166,18 +161,35 @@ pub fn custom_call_module_for(
     let mut rets = Vec::with_capacity(n);
     for (i, (caller, view)) in out_callers.iter().zip(&out_views).enumerate() {
         let result = if n == 1 { "%0".to_owned() } else { format!("%0#{i}") };
-        if caller == view {
-            rets.push(result);
-        } else {
-            let _ =
-                writeln!(out, "    %out{i} = stablehlo.reshape {result} : ({view}) -> {caller}");
-            rets.push(format!("%out{i}"));
-        }
+        rets.push(adapt(&mut out, &result, view, caller, &format!("%out{i}")));
     }
     let _ = writeln!(out, "    return {} : {}", rets.join(", "), join(&out_callers));
     let _ = writeln!(out, "  }}");
     out.push_str("}\n");
     out
+}
+
+/// `value` of type `from` as type `to` (the same element count): a reshape (row-major, free)
+/// where the shapes differ, a `stablehlo.convert` where the element types do (the 64-bit
+/// integers Mosaic lacks, [`super::window_dtype`]); the name of the result, `name` or `value`
+/// itself.
+fn adapt(out: &mut String, value: &str, from: &TensorType, to: &TensorType, name: &str) -> String {
+    if from == to {
+        return value.to_owned();
+    }
+    let mut current = value.to_owned();
+    let mut ty = from.clone();
+    if from.dtype != to.dtype {
+        let converted = TensorType { dtype: to.dtype, shape: from.shape.clone() };
+        let step = if from.shape == to.shape { name.to_owned() } else { format!("{name}_c") };
+        let _ = writeln!(out, "    {step} = stablehlo.convert {current} : ({ty}) -> {converted}");
+        (current, ty) = (step, converted);
+    }
+    if ty.shape != to.shape {
+        let _ = writeln!(out, "    {name} = stablehlo.reshape {current} : ({ty}) -> {to}");
+        current = name.to_owned();
+    }
+    current
 }
 
 #[cfg(test)]

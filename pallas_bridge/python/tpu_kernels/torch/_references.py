@@ -173,7 +173,9 @@ def cross_entropy_backward(grad, logits, target):
         raise ValueError(f"grad of shape {list(grad.shape)} is not the gradient of a scalar")
     lf = _up(logits)
     hot = (target[:, None] == torch.arange(logits.shape[1])[None, :]).to(lf.dtype)
-    d = (torch.softmax(lf, 1) - hot) * (_up(grad).reshape(()) / logits.shape[0])
+    # A row whose target selects no class adds a constant 0 to the loss: its gradient is 0.
+    found = hot.sum(1, keepdim=True)
+    d = (torch.softmax(lf, 1) * found - hot) * (_up(grad).reshape(()) / logits.shape[0])
     return d.to(logits.dtype), torch.zeros_like(target)
 
 
