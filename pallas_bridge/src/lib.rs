@@ -32,6 +32,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry_api::kernel, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::variant_text, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::select, m)?)?;
+    m.add_function(wrap_pyfunction!(registry_api::explain, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::register_imported, m)?)?;
     m.add_function(wrap_pyfunction!(registry_api::unregister, m)?)?;
     m.add_function(wrap_pyfunction!(library_api::load_library, m)?)?;

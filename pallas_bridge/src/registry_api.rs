@@ -570,6 +570,37 @@ pub fn variant_text(py: Python<'_>, name: &str, platform: &str) -> PyResult<Stri
     }
 }
 
+/// Every candidate kernel of `op` for a call's metadata, in the order selection tries them on
+/// `platform`: `(name, None)` for a kernel that takes the call, `(name, reason)` for one that
+/// refuses it. Unlike [`select`], it names a kernel's reason even when another kernel takes the
+/// call (a tiled kernel and the StableHLO kernel of the same op).
+#[pyfunction]
+#[pyo3(signature = (op, inputs, statics = None, platform = "cpu", contiguous = None))]
+pub fn explain(
+    py: Python<'_>,
+    op: &str,
+    inputs: &str,
+    statics: Option<&Bound<'_, PyDict>>,
+    platform: &str,
+    contiguous: Option<Vec<bool>>,
+) -> PyResult<Vec<(String, Option<String>)>> {
+    let types = parse_types(inputs).map_err(|e| raise(py, "SignatureMismatchError", e))?;
+    let sig = KernelSignature { inputs: types, statics: statics_of(py, statics)? };
+    let contiguous = contiguous.unwrap_or_else(|| vec![true; sig.inputs.len()]);
+    let platform = self::platform(py, platform)?;
+    let meta = CallMeta { sig: &sig, contiguous: &contiguous, platform };
+    let index = global(py)?.index();
+    let op = tpu_kernels_registry::normalize_op(op);
+    if index.candidates(&op).is_empty() {
+        return Err(raise(py, "NoKernelError", format!("no kernel is registered for `{op}`")));
+    }
+    Ok(index
+        .candidates_for(&op, platform)
+        .into_iter()
+        .map(|k| (k.name().to_owned(), k.accepts(&meta).err()))
+        .collect())
+}
+
 /// Selects the kernel for `op` and a call's metadata; returns its name or raises
 /// `NoKernelError` with every candidate's reason.
 #[pyfunction]

@@ -88,6 +88,10 @@ class Case:
     # kernel is never run on them here; strict mode's hand-back to PyTorch is observed by a stub
     # mode below it instead.
     unchecked_by_pytorch: bool = False
+    # With `taken_by`: the inputs are not a valid call of the op (shapes that disagree), so what
+    # becomes of the call is the sibling's and PyTorch's business, not this guard's. Only the
+    # selection test runs: the kernel's own verdict (`tk.explain`) names the guard.
+    selection_only: bool = False
 
     @property
     def id(self) -> str:
@@ -265,7 +269,7 @@ def _kernel_cases() -> list[Case]:
     # in registry/tests/tiled_kernels.rs show) ---
     for tiled, plain in [("tiled_rms_norm", "rms_norm"), ("tiled_matmul_bias_act", "matmul_bias_act"),
                          ("tiled_matmul_act", "matmul_act")]:
-        c.extend(Case(tiled, x.guard, x.build, x.taken_by, x.probe, x.unchecked_by_pytorch)
+        c.extend(Case(tiled, x.guard, x.build, x.taken_by, x.probe, x.unchecked_by_pytorch, x.selection_only)
                  for x in list(c) if x.kernel == plain)
     return c
 
@@ -466,10 +470,14 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
         "tiled_sdpa_flash": "sdpa_flash_cpu",
         "tiled_sdpa_flash_backward": "sdpa_flash_cpu_backward",
         "tiled_sdpa_flash_masked": "sdpa_flash_cpu_masked",
+        "tiled_softmax_backward": "softmax_backward",
+        "tiled_log_softmax_backward": "log_softmax_backward",
+        "tiled_cross_entropy": "cross_entropy",
+        "tiled_cross_entropy_backward": "cross_entropy_backward",
     }
     guards = {k["name"]: set(k["guards"]) | {"dtypes"} for k in tk.kernels()}
     c = [
-        Case(tiled, x.guard, x.build, x.taken_by, x.probe, x.unchecked_by_pytorch)
+        Case(tiled, x.guard, x.build, x.taken_by, x.probe, x.unchecked_by_pytorch, x.selection_only)
         for tiled, plain in siblings.items()
         for x in plain_cases
         if x.kernel == plain and x.guard in guards[tiled]
@@ -485,24 +493,29 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
         c.append(Case(kernel, f"rank(0, 1, {USIZE_MAX})", lambda r, op=op: (op, (T(r), -1, True), {})))
         c.append(Case(kernel, "static_eq(dim, -1)", lambda r, op=op: (op, (T(r, 4, 8), 0, True), {})))
         c.append(Case(kernel, "static_eq(half_to_float, false)", lambda r, op=op: (op, (T(r, 4, 8), -1, True), {})))
-    # The flash forward's one-dtype guard (the StableHLO kernel checks it in its body) and the
-    # backward's key/value heads equal to the query's (the StableHLO backward takes grouped
-    # heads): with dropout asked for as well, which the plain kernels refuse and the tiled ones
-    # check last.
+    # The softmax backwards over the last dim only: the StableHLO kernels take any dim and
+    # shape, so they take each of these calls (`taken_by`), and the selection test reads the
+    # tiled kernel's own verdict (`tk.explain`).
+    for kernel, plain, op in [
+        ("tiled_softmax_backward", "softmax_backward", A._softmax_backward_data.default),
+        ("tiled_log_softmax_backward", "log_softmax_backward", A._log_softmax_backward_data.default),
+    ]:
+        def sm_bwd(r, op=op, shapes=((4, 8), (4, 8)), dim=-1):
+            return op, (T(r, *shapes[0]), T(r, *shapes[1]), dim, F32), {}
+
+        for guard, kw, only in [
+            (f"rank(0, 1, {USIZE_MAX})", {"shapes": ((), ())}, False),
+            (f"rank(1, 1, {USIZE_MAX})", {"shapes": ((4, 8), ())}, True),
+            ("same_dim(0, -1, 1, -1)", {"shapes": ((4, 8), (2, 16))}, True),
+            ("static_eq(dim, -1)", {"shapes": ((4, 8), (4, 8)), "dim": 0}, False),
+        ]:
+            c.append(Case(kernel, guard, lambda r, kw=kw, f=sm_bwd: f(r, **kw), taken_by=plain,
+                          selection_only=only))
+    # The flash forward's one-dtype guard (the StableHLO kernel checks it in its body): with
+    # dropout asked for as well, which the plain kernel refuses and the tiled one checks last.
     sdpa = A._scaled_dot_product_flash_attention_for_cpu.default
-    sdpa_bwd = A._scaled_dot_product_flash_attention_for_cpu_backward.default
     c.append(Case("tiled_sdpa_flash", "same_dtype()",
                   lambda r: (sdpa, (T(r, 1, 2, 3, 4), T(r, 1, 2, 5, 4), T(r, 1, 2, 5, 4, dtype=BF16), 0.1, False), {})))
-
-    def bwd(r, kv_heads):
-        q, lse = T(r, 1, 2, 3, 4), T(r, 1, 2, 3)
-        k, v = T(r, 1, kv_heads[0], 5, 4), T(r, 1, kv_heads[1], 5, 4)
-        return sdpa_bwd, (q, q, k, v, q, lse, 0.1, False), {}
-
-    c.append(Case("tiled_sdpa_flash_backward", "same_dim(0, 1, 2, 1)", lambda r: bwd(r, (1, 1)),
-                  unchecked_by_pytorch=True))
-    c.append(Case("tiled_sdpa_flash_backward", "same_dim(0, 1, 3, 1)", lambda r: bwd(r, (2, 3)),
-                  unchecked_by_pytorch=True))
 
     # The masked forward's mask: f32, [L, S] (the StableHLO kernel takes any broadcastable mask).
     def masked(r, mask_shape=(3, 5), dtype=F32):
@@ -522,6 +535,8 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
 
 _PLAIN = _kernel_cases() + _attention_cases() + _backward_cases()
 CASES = _PLAIN + _tiled_guard_cases(_PLAIN)
+# The cases the dispatch modes run (strict, debug, fused).
+MODE_CASES = [c for c in CASES if not c.selection_only]
 
 
 @dataclass(frozen=True)
@@ -871,7 +886,8 @@ def test_unviolable_guards_admit_every_rank(kernel, guard):
     types = re.findall(r"(\w+)\[([^\]]*)\]", info["canonical"][0].split(";")[0])
     for dims in ["", "1,1,1,1,1"]:
         sig = ", ".join(f"{dt}[{dims if j == i else d}]" for j, (dt, d) in enumerate(types))
-        assert tk.select(op, sig) == kernel, sig
+        # The kernel's own verdict: a sibling of higher priority may be the one selected.
+        assert dict(tk.explain(op, sig))[kernel] is None, sig
 
 
 # ----- per case: selection, strict, debug, fused -----
@@ -885,6 +901,15 @@ def test_selection_rejects_with_the_guard_as_reason(case: Case):
     assert key in info["ops"]
     if case.taken_by:
         assert tk.select(key, sig, statics, contiguous=contiguous) == case.taken_by
+        if not case.probe:
+            # No statics make the sibling refuse too: the kernel's own verdict, by name.
+            verdicts = dict(tk.explain(key, sig, statics, contiguous=contiguous))
+            reason = verdicts[case.kernel]
+            assert reason is not None, f"`{case.kernel}` takes {sig} {statics}"
+            assert re.fullmatch(expected_reason(info, case.guard), reason), (
+                f"`{case.kernel}` rejects {sig} {statics} with `{reason}`, not by its guard `{case.guard}`"
+            )
+            return
         statics = {**statics, **case.probe}
     with pytest.raises(tk.NoKernelError) as e:
         tk.select(key, sig, statics, contiguous=contiguous)
@@ -894,7 +919,7 @@ def test_selection_rejects_with_the_guard_as_reason(case: Case):
     )
 
 
-@pytest.mark.parametrize("case", _params(CASES))
+@pytest.mark.parametrize("case", _params(MODE_CASES))
 def test_strict_falls_back_to_pytorch(case: Case):
     info = _standard()[case.kernel]
     op, args, kwargs = _build(case)
@@ -925,7 +950,7 @@ def test_strict_falls_back_to_pytorch(case: Case):
         assert not (got[0] == "raised" and isinstance(got[1], KernelOpError)), got
 
 
-@pytest.mark.parametrize("case", _params(CASES))
+@pytest.mark.parametrize("case", _params(MODE_CASES))
 def test_debug_raises_naming_op_kernel_and_guard(case: Case):
     info = _standard()[case.kernel]
     op, args, kwargs = _build(case)
@@ -946,7 +971,7 @@ def test_debug_raises_naming_op_kernel_and_guard(case: Case):
 
 def _fused_cases():
     out = []
-    for c in CASES:
+    for c in MODE_CASES:
         op, args, kwargs = _build(c)
         if c.unchecked_by_pytorch:
             continue

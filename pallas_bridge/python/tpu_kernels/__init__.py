@@ -90,6 +90,21 @@ def select(
     return _native.select(op, inputs, statics, platform, contiguous)
 
 
+def explain(
+    op: str,
+    inputs: str,
+    statics: dict[str, Any] | None = None,
+    platform: str = "cpu",
+    contiguous: list[bool] | None = None,
+) -> list[tuple[str, str | None]]:
+    """Every candidate kernel of `op` for a call's inputs, in the order selection tries them on
+    `platform`: ``(name, None)`` where the kernel takes the call, ``(name, reason)`` where it
+    refuses it. Names each kernel's reason even when another kernel takes the call."""
+    from . import _native
+
+    return _native.explain(op, inputs, statics, platform, contiguous)
+
+
 def set_force_tiled(force: bool) -> bool:
     """Makes kernel selection try tiled (Mosaic) kernels first on every platform (``True``), or
     on a TPU only (``False``, the default unless ``TPUK_FORCE_TILED=1``). On the CPU a tiled
@@ -142,6 +157,7 @@ __all__ = [
     "emit",
     "error_policy",
     "errors",
+    "explain",
     "guards",
     "jax_kernel",
     "kernel",

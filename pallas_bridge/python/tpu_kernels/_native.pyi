@@ -47,6 +47,13 @@ def select(
     platform: str = "cpu",
     contiguous: list[bool] | None = None,
 ) -> str: ...
+def explain(
+    op: str,
+    inputs: str,
+    statics: dict[str, Any] | None = None,
+    platform: str = "cpu",
+    contiguous: list[bool] | None = None,
+) -> list[tuple[str, str | None]]: ...
 def register_imported(
     name: str,
     *,
