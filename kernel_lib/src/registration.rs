@@ -976,6 +976,14 @@ pub mod macro_support {
                     up.checked_mul(b).ok_or_else(|| format!("`round_up({a}, {b})` overflows"))
                 }
             }
+            "broadcast" => {
+                let (m, d) = (arg(0)?, arg(1)?);
+                if m == 1 || m == d {
+                    Ok(m)
+                } else {
+                    Err(format!("a dim of {m} does not broadcast to {d} (only 1 or {d} does)"))
+                }
+            }
             "tile" => {
                 let (d, max, align) = (arg(0)?, arg(1)?, arg(2)?);
                 if d <= max {

@@ -67,8 +67,9 @@ pub enum SizeExpr {
 pub enum IndexEntry {
     Grid(usize),
     Const(i64),
-    /// `g / group`: a grid index divided (floor) by a size.
-    GridDiv(usize, SizeExpr),
+    /// `g / group`: a grid index divided (floor) by a size; `g / d % m` (or `g % m`) also takes
+    /// the quotient modulo a size.
+    GridDiv(usize, SizeExpr, Option<SizeExpr>),
     /// `table[axis]`: a scalar-prefetch table read at a grid index.
     Prefetch {
         table: usize,
@@ -334,13 +335,14 @@ impl Names<'_> {
                     "max" => ("max", 2),
                     "cdiv" => ("cdiv", 2),
                     "round_up" => ("round_up", 2),
+                    "broadcast" => ("broadcast", 2),
                     "tile" => ("tile", 3),
                     _ => {
                         cx.error_spanned_by(
                             &c.func,
                             format!(
                                 "unknown size function `{f}`; known: min, max, cdiv, round_up, \
-                                 tile(D, max, align), numel(x)"
+                                 broadcast(M, D), tile(D, max, align), numel(x)"
                             ),
                         );
                         return None;
@@ -366,6 +368,20 @@ impl Names<'_> {
                         format!(
                             "`tile(_, {max}, {align})`: the largest tile must be a positive \
                              multiple of the alignment"
+                        ),
+                    );
+                    return None;
+                }
+                if name == "broadcast"
+                    && let (Some(m), Some(d)) =
+                        (parsed[0].value(&self.tiles), parsed[1].value(&self.tiles))
+                    && m != 1
+                    && m != d
+                {
+                    cx.error_spanned_by(
+                        c,
+                        format!(
+                            "`broadcast({m}, {d})`: {m} broadcasts to {d} only if it is 1 or {d}"
                         ),
                     );
                     return None;
@@ -411,6 +427,7 @@ impl SizeExpr {
                     "round_up" => {
                         (v[1] != 0).then(|| v[0].div_ceil(v[1]).checked_mul(v[1])).flatten()
                     }
+                    "broadcast" => (v[0] == 1 || v[0] == v[1]).then_some(v[0]),
                     _ => None,
                 }
             }
@@ -707,17 +724,28 @@ fn index_map(
             && let Some(axis) = params.iter().position(|p| p.as_deref() == Some(n.as_str()))
         {
             out.push((IndexEntry::Grid(axis), item.span()));
-        } else if let Expr::Binary(b) = item
-            && matches!(b.op, syn::BinOp::Div(_))
-            && let Some(n) = expr_ident(&b.left)
+        } else if let Some((n, by, modulo)) = div_mod(item)
             && let Some(axis) = params.iter().position(|p| p.as_deref() == Some(n.as_str()))
         {
-            let by = names.size(cx, &b.right)?;
+            let (by, by_expr) = match by {
+                Some(e) => (names.size(cx, e)?, e),
+                None => (SizeExpr::Lit(1), item),
+            };
+            let modulo = match modulo {
+                Some(e) => Some((names.size(cx, e)?, e)),
+                None => None,
+            };
             if by.value(&names.tiles) == Some(0) {
-                cx.error_spanned_by(&b.right, format!("{what}: a grid index divided by 0"));
+                cx.error_spanned_by(by_expr, format!("{what}: a grid index divided by 0"));
                 return None;
             }
-            out.push((IndexEntry::GridDiv(axis, by), item.span()));
+            if let Some((m, e)) = &modulo
+                && m.value(&names.tiles) == Some(0)
+            {
+                cx.error_spanned_by(e, format!("{what}: a grid index taken modulo 0"));
+                return None;
+            }
+            out.push((IndexEntry::GridDiv(axis, by, modulo.map(|(m, _)| m)), item.span()));
         } else if let Expr::Index(ix) = item {
             let name = expr_ident(&ix.expr).unwrap_or_default();
             let Some(table) = tables.iter().position(|t| *t == name) else {
@@ -755,8 +783,8 @@ fn index_map(
                 item,
                 format!(
                     "a block index of {what} is a grid index ({}), an integer, a grid index \
-                     divided by a size (`h / group`), or a scalar-prefetch table at a grid \
-                     index (`ids[i]`)",
+                     divided by a size (`h / group`) and or taken modulo one (`g / d % m`, \
+                     `g % m`), or a scalar-prefetch table at a grid index (`ids[i]`)",
                     params.iter().flatten().cloned().collect::<Vec<_>>().join(", ")
                 ),
             );
@@ -764,6 +792,21 @@ fn index_map(
         }
     }
     Some(out)
+}
+
+/// `g / d % m`, `g / d` or `g % m`: the grid index's name, the divisor and the modulus.
+fn div_mod(e: &Expr) -> Option<(String, Option<&Expr>, Option<&Expr>)> {
+    let Expr::Binary(b) = e else { return None };
+    match b.op {
+        syn::BinOp::Div(_) => Some((expr_ident(&b.left)?, Some(&*b.right), None)),
+        syn::BinOp::Rem(_) => match &*b.left {
+            Expr::Binary(inner) if matches!(inner.op, syn::BinOp::Div(_)) => {
+                Some((expr_ident(&inner.left)?, Some(&*inner.right), Some(&*b.right)))
+            }
+            left => Some((expr_ident(left)?, None, Some(&*b.right))),
+        },
+        _ => None,
+    }
 }
 
 /// `block([bm, bk], |i, j, k| (i, k))`, optionally `.view([R, D])`.
@@ -1488,23 +1531,36 @@ pub fn generate(
     let semantics = t.parallel.iter().map(|par| {
         if *par { quote!(#p::Semantics::Parallel) } else { quote!(#p::Semantics::Arbitrary) }
     });
-    // The divisors of `g / group` entries, computed with the plan (in window order).
-    let divisors: Vec<TokenStream> = t
+    // The divisors and moduli of `g / group % m` entries, computed with the plan (in window
+    // order).
+    let div_entries: Vec<(&SizeExpr, &Option<SizeExpr>)> = t
         .inputs
         .iter()
         .chain(&t.outputs)
         .flat_map(|w| &w.index_map)
         .filter_map(|e| match e {
-            IndexEntry::GridDiv(_, by) => Some(by.tokens(p)),
+            IndexEntry::GridDiv(_, by, modulo) => Some((by, modulo)),
             _ => None,
         })
         .collect();
+    let divisors = div_entries.iter().map(|(by, _)| by.tokens(p));
+    let moduli = div_entries.iter().map(|(_, m)| match m {
+        Some(m) => {
+            let m = m.tokens(p);
+            quote!(#p::Option::Some(#m))
+        }
+        None => quote!(#p::Option::None),
+    });
     let divisor = std::cell::Cell::new(0usize);
     let index_map = |w: &WindowModel| {
         let e = w.index_map.iter().map(|e| match e {
-            IndexEntry::GridDiv(a, _) => {
+            IndexEntry::GridDiv(a, _, _) => {
                 let n = divisor.replace(divisor.get() + 1);
-                quote!(#p::IndexExpr::GridDiv { axis: #a, by: __plan.divisors[#n] })
+                quote!(#p::IndexExpr::GridDiv {
+                    axis: #a,
+                    by: __plan.divisors[#n],
+                    modulo: __plan.moduli[#n],
+                })
             }
             IndexEntry::Grid(a) => quote!(#p::IndexExpr::Grid(#a)),
             IndexEntry::Const(c) => quote!(#p::IndexExpr::Const(#c)),
@@ -1611,6 +1667,7 @@ pub fn generate(
             views: #p::Vec<#p::Option<#p::Vec<u64>>>,
             scratch: #p::Vec<#p::Vec<u64>>,
             divisors: #p::Vec<u64>,
+            moduli: #p::Vec<#p::Option<u64>>,
         }
 
         #[allow(non_snake_case, unused_variables, clippy::let_and_return)]
@@ -1623,9 +1680,13 @@ pub fn generate(
                 views: #p::Vec::from([#(#all_views),*]),
                 scratch: #p::Vec::from([#(#scratch_dims),*]),
                 divisors: #p::Vec::from([#(#divisors),*]),
+                moduli: #p::Vec::from([#(#moduli),*]),
             };
             if __plan.divisors.contains(&0) {
                 return #p::Result::Err(#p::String::from("an index map divides a grid index by 0"));
+            }
+            if __plan.moduli.contains(&#p::Option::Some(0)) {
+                return #p::Result::Err(#p::String::from("an index map takes a grid index modulo 0"));
             }
             #p::tiled_check_plan(
                 &REGISTRATION,

@@ -130,9 +130,14 @@ impl TiledBuilder {
         for e in index_map {
             let (axis, table) = match *e {
                 IndexExpr::Grid(axis) => (axis, None),
-                IndexExpr::GridDiv { axis, by } => {
+                IndexExpr::GridDiv { axis, by, modulo } => {
                     if by == 0 {
                         let m = format!("window {n}: the index map divides grid axis {axis} by 0");
+                        return Err(self.error(what, ErrorKind::Axis, m));
+                    }
+                    if modulo == Some(0) {
+                        let m =
+                            format!("window {n}: the index map takes grid axis {axis} modulo 0");
                         return Err(self.error(what, ErrorKind::Axis, m));
                     }
                     (axis, None)

@@ -200,7 +200,10 @@ pub fn coverage(kernel: &Kernel) -> Result<(), BuildError> {
                 .iter()
                 .map(|e| match e {
                     IndexExpr::Grid(axis) => Some(point[*axis] as i64),
-                    IndexExpr::GridDiv { axis, by } => Some((point[*axis] / (*by).max(1)) as i64),
+                    IndexExpr::GridDiv { axis, by, modulo } => {
+                        let q = point[*axis] / (*by).max(1);
+                        Some(modulo.map_or(q, |m| q % m.max(1)) as i64)
+                    }
                     IndexExpr::Const(c) => Some(*c),
                     IndexExpr::Prefetch { .. } => None,
                 })

@@ -41,8 +41,10 @@ pub enum IndexExpr {
     /// read from SMEM before the step's blocks are fetched.
     Prefetch { table: usize, axis: usize },
     /// `program_id(axis) / by` (floor; `by` > 0): several grid steps share a block, as the
-    /// query heads of one key/value head in grouped-query attention (`h // group`).
-    GridDiv { axis: usize, by: u64 },
+    /// query heads of one key/value head in grouped-query attention (`h // group`); with a
+    /// `modulo` (> 0), `(program_id(axis) / by) % modulo`: the block cycles, as a mask shared by
+    /// the batch reads head `g % H` of a `B * H` axis.
+    GridDiv { axis: usize, by: u64, modulo: Option<u64> },
 }
 
 /// A window: the block of an input or output a grid step sees, and where it is.

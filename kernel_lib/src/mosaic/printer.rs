@@ -276,12 +276,24 @@ pub fn print_kernel(k: &Kernel) -> String {
                     results.push(format!("%c{consts}_i32"));
                     consts += 1;
                 }
-                IndexExpr::GridDiv { axis, by } => {
+                IndexExpr::GridDiv { axis, by, modulo } => {
                     let _ = writeln!(p.out, "    %c{consts}_i32 = arith.constant {by} : i32");
                     let _ =
                         writeln!(p.out, "    %q{d} = arith.divsi %arg{axis}, %c{consts}_i32 : i32");
                     consts += 1;
-                    results.push(format!("%q{d}"));
+                    match modulo {
+                        None => results.push(format!("%q{d}")),
+                        Some(m) => {
+                            let _ =
+                                writeln!(p.out, "    %c{consts}_i32 = arith.constant {m} : i32");
+                            let _ = writeln!(
+                                p.out,
+                                "    %r{d} = arith.remsi %q{d}, %c{consts}_i32 : i32"
+                            );
+                            consts += 1;
+                            results.push(format!("%r{d}"));
+                        }
+                    }
                 }
                 IndexExpr::Prefetch { table, axis } => {
                     let t = k.grid.len() + table;

@@ -264,7 +264,7 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
                     );
                     results.push(format!("%c{c}"));
                 }
-                IndexExpr::GridDiv { axis, by } => {
+                IndexExpr::GridDiv { axis, by, modulo } => {
                     let _ = writeln!(
                         p.out,
                         "    %c{c} = \"stable_mosaic.arith.constant\"() {{value = {by} : i32}} : () -> i32"
@@ -273,7 +273,20 @@ pub fn print_kernel_serialized(k: &Kernel) -> String {
                         p.out,
                         "    %q{c} = \"stable_mosaic.arith.divsi\"(%arg{axis}, %c{c}) : (i32, i32) -> i32"
                     );
-                    results.push(format!("%q{c}"));
+                    match modulo {
+                        None => results.push(format!("%q{c}")),
+                        Some(m) => {
+                            let _ = writeln!(
+                                p.out,
+                                "    %m{c} = \"stable_mosaic.arith.constant\"() {{value = {m} : i32}} : () -> i32"
+                            );
+                            let _ = writeln!(
+                                p.out,
+                                "    %r{c} = \"stable_mosaic.arith.remsi\"(%q{c}, %m{c}) : (i32, i32) -> i32"
+                            );
+                            results.push(format!("%r{c}"));
+                        }
+                    }
                 }
                 IndexExpr::Prefetch { table, axis } => {
                     let t = k.grid.len() + table;

@@ -160,8 +160,16 @@ fn step<'b>(
             let index = match e {
                 IndexExpr::Grid(axis) => grid[*axis],
                 IndexExpr::Const(c) => b.scalar(DType::I32, *c as f64)?,
-                IndexExpr::GridDiv { axis, by } => {
-                    b.binary(hlo::BinaryOp::Divide, grid[*axis], b.scalar(DType::I32, *by as f64)?)?
+                IndexExpr::GridDiv { axis, by, modulo } => {
+                    let by = b.scalar(DType::I32, *by as f64)?;
+                    let q = b.binary(hlo::BinaryOp::Divide, grid[*axis], by)?;
+                    match modulo {
+                        None => q,
+                        Some(m) => {
+                            let m = b.scalar(DType::I32, *m as f64)?;
+                            b.binary(hlo::BinaryOp::Remainder, q, m)?
+                        }
+                    }
                 }
                 // The table's element at the grid index, as interpret mode reads it.
                 IndexExpr::Prefetch { table, axis } => {
