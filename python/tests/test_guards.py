@@ -470,6 +470,8 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
         "tiled_sdpa_flash": "sdpa_flash_cpu",
         "tiled_sdpa_flash_backward": "sdpa_flash_cpu_backward",
         "tiled_sdpa_flash_masked": "sdpa_flash_cpu_masked",
+        "tiled_sdpa_flash_masked_4d": "sdpa_flash_cpu_masked",
+        "tiled_attention_4d": "attention",
         "tiled_softmax_backward": "softmax_backward",
         "tiled_log_softmax_backward": "log_softmax_backward",
         "tiled_cross_entropy": "cross_entropy",
@@ -517,19 +519,30 @@ def _tiled_guard_cases(plain_cases: list[Case]) -> list[Case]:
     c.append(Case("tiled_sdpa_flash", "same_dtype()",
                   lambda r: (sdpa, (T(r, 1, 2, 3, 4), T(r, 1, 2, 5, 4), T(r, 1, 2, 5, 4, dtype=BF16), 0.1, False), {})))
 
-    # The masked forward's mask: f32, [L, S] (the StableHLO kernel takes any broadcastable mask).
-    def masked(r, mask_shape=(3, 5), dtype=F32):
+    # The masked forwards' masks: of rank 2 `[ML, S]` or of rank 4 `[MB, MH, ML, S]`, with the
+    # keys' length last (the StableHLO kernels take any broadcastable mask); dropout is asked
+    # for as well, which the plain kernel refuses and the tiled ones check last.
+    def masked(r, mask_shape=(3, 5), dtype=F32, op=sdpa):
         q, kv = T(r, 1, 2, 3, 4), T(r, 1, 2, 5, 4)
+        if op is not sdpa:
+            return op, (q, kv, kv, T(r, *mask_shape, dtype=dtype)), {}
         return sdpa, (q, kv, kv, 0.1, False), {"attn_mask": T(r, *mask_shape, dtype=dtype)}
 
     c.append(Case("tiled_sdpa_flash_masked", "static_eq(dropout_p, 0e0)", masked))
-    for guard, kw in [
-        ("dtype_is(3, f32)", {"dtype": BF16}),
-        ("rank(3, 2, 2)", {"mask_shape": (1, 3, 5)}),
-        ("same_dim(0, 2, 3, 0)", {"mask_shape": (4, 5)}),
-        ("same_dim(1, 2, 3, 1)", {"mask_shape": (3, 6)}),
+    for kernel, guard, shape in [
+        ("tiled_sdpa_flash_masked", "rank(3, 2, 2)", (1, 3, 5)),
+        ("tiled_sdpa_flash_masked", "same_dim(1, 2, 3, 1)", (3, 6)),
+        ("tiled_sdpa_flash_masked_4d", "rank(3, 4, 4)", (1, 3, 5)),
+        ("tiled_sdpa_flash_masked_4d", "same_dim(1, 2, 3, 3)", (1, 1, 3, 6)),
     ]:
-        c.append(Case("tiled_sdpa_flash_masked", guard, lambda r, kw=kw: masked(r, **kw), unchecked_by_pytorch=True))
+        c.append(Case(kernel, guard, lambda r, shape=shape: masked(r, shape), unchecked_by_pytorch=True))
+    # `tpuk::attention`'s mask: the StableHLO kernel takes a valid rank-3 mask; a mask whose
+    # last dim is not the keys' length is no valid call (selection only).
+    attention = tpuk("attention")
+    c.append(Case("tiled_attention_4d", "rank(3, 4, 4)", lambda r: masked(r, (1, 3, 5), op=attention),
+                  taken_by="attention"))
+    c.append(Case("tiled_attention_4d", "same_dim(1, 2, 3, 3)", lambda r: masked(r, (1, 1, 3, 6), op=attention),
+                  taken_by="attention", selection_only=True))
     return c
 
 
@@ -924,14 +937,16 @@ def test_strict_falls_back_to_pytorch(case: Case):
     info = _standard()[case.kernel]
     op, args, kwargs = _build(case)
     key = op_key(op)
-    before, substituted = tkt.report().fallbacks(key), tkt.report().substituted(key)
     if case.unchecked_by_pytorch:
+        before, substituted = tkt.report().fallbacks(key), tkt.report().substituted(key)
         with _PyTorchStub(op) as stub, tkt.substitute("strict"):
             op(*_clone(args), **kwargs)
         assert stub.calls == 1, "strict mode did not hand the call back to PyTorch"
         expected = got = None
     else:
+        # A new op (`tpuk::*`) reaches its kernels without substitution too: counted after it.
         expected = _outcome(lambda: op(*_clone(args), **kwargs))
+        before, substituted = tkt.report().fallbacks(key), tkt.report().substituted(key)
         with tkt.substitute("strict"):
             got = _outcome(lambda: op(*_clone(args), **kwargs))
     r = tkt.report()

@@ -157,11 +157,12 @@ def _softmax_cases(shapes=SOFTMAX_SHAPES, prefix: str = "", **kw: Any) -> list[C
 TORCH_NAMES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 
 
-def _softmax_backward_cases() -> list[Case]:
+def _softmax_backward_cases(shapes=SOFTMAX_SHAPES, prefix: str = "", **kw: Any) -> list[Case]:
     """`_softmax_backward_data` / `_log_softmax_backward_data` from the forward's output; the
-    `input_dtype` static is the tested dtype's torch name (a callable of the dtype)."""
+    `input_dtype` static is the tested dtype's torch name (a callable of the dtype); `prefix`
+    names the kernels (`tiled_`) and `kw` goes to each case."""
     out = []
-    for shape, dim in SOFTMAX_SHAPES:
+    for shape, dim in shapes:
         for kernel, op, fwd, bwd in [
             ("softmax_backward", "aten::_softmax_backward_data.default", torch._softmax, torch._softmax_backward_data),
             (
@@ -176,13 +177,14 @@ def _softmax_backward_cases() -> list[Case]:
 
             out.append(
                 Case(
-                    kernel,
+                    prefix + kernel,
                     op,
                     f"{_shape_id(shape)}-dim{dim}",
                     make,
                     ref=lambda grad, y, bwd=bwd, dim=dim: bwd(grad, y, dim, y.dtype),
                     eager=lambda grad, y, bwd=bwd, dim=dim: bwd(grad, y, dim, y.dtype),
                     statics={"dim": dim, "input_dtype": TORCH_NAMES.__getitem__},
+                    **kw,
                 )
             )
     return out
@@ -378,13 +380,14 @@ def _tiled_cases() -> list[Case]:
 
 
 def _tiled_row_cases(shape: tuple[int, ...], backward_sums: bool) -> list[Case]:
-    """The row-block tiled kernels at one shape: softmax and log-softmax over the last dim, layer
-    norm and its backward, RMSNorm's backward (the backwards' weight sums accumulate across
-    row blocks)."""
+    """The row-block tiled kernels at one shape: softmax and log-softmax over the last dim and
+    their backwards, layer norm and its backward, RMSNorm's backward (the backwards' weight sums
+    accumulate across row blocks)."""
     d, sid, tiled = shape[-1], _shape_id(shape), {"dtypes": ("f32", "bf16"), "tiled": True}
     out = []
 
     out += _softmax_cases([(shape, -1)], prefix="tiled_", **tiled)
+    out += _softmax_backward_cases([(shape, -1)], prefix="tiled_", **tiled)
 
     def make_ln(g):
         return [_randn(g, shape), _randn(g, (d,)), _randn(g, (d,))]
@@ -521,6 +524,33 @@ def _loss_cases() -> list[Case]:
                 eager=_cross_entropy_grads,
                 integer_inputs=(2,),
             )
+        )
+    return out
+
+
+# (N, C): one vocabulary tile and an odd size, two row blocks, two vocabulary tiles, and a
+# 32000-word vocabulary in 25 tiles of 1280.
+TILED_CROSS_ENTROPY_SHAPES = [(7, 33), (512, 384), (16, 4096), (8, 32000)]
+
+
+def _tiled_loss_cases() -> list[Case]:
+    """The tiled cross-entropy and its backward (an online logsumexp over vocabulary tiles)."""
+    out = []
+    tiled = {"dtypes": ("f32", "bf16"), "tiled": True}
+    for n, c in TILED_CROSS_ENTROPY_SHAPES:
+        def make(g, n=n, c=c):
+            return [_randn(g, (n, c), 3.0), _targets(g, n, c)]
+
+        def make_bwd(g, n=n, c=c):
+            return [_randn(g, ()), _randn(g, (n, c), 3.0), _targets(g, n, c)]
+
+        out.append(
+            Case("tiled_cross_entropy", "tpuk::cross_entropy.default", _shape_id((n, c)), make,
+                 ref=F.cross_entropy, eager=F.cross_entropy, integer_inputs=(1,), **tiled)
+        )
+        out.append(
+            Case("tiled_cross_entropy_backward", "tpuk::cross_entropy_backward.default", _shape_id((n, c)),
+                 make_bwd, ref=_cross_entropy_grads, eager=_cross_entropy_grads, integer_inputs=(2,), **tiled)
         )
     return out
 
@@ -744,9 +774,31 @@ def _tiled_attention_cases() -> list[Case]:
                  statics={"is_causal": is_causal}, f32_inputs=(3,), f32_outputs=(1,), dtypes=("f32", "bf16"),
                  tiled=True)
         )
-        if hk != h:
-            continue  # the tiled backward takes one key/value head per query head
+        # Masks that broadcast, in the query's type: a key row [1, S], and of rank 4 a padding
+        # mask [B, 1, 1, S], a per-head bias shared by the batch [1, H, L, S] and a full one;
+        # the rank-4 ones through `tpuk::attention` (the output alone) too.
+        for kernel, mshape in [
+            ("tiled_sdpa_flash_masked", (1, s)),
+            ("tiled_sdpa_flash_masked_4d", (b, 1, 1, s)),
+            ("tiled_sdpa_flash_masked_4d", (1, h, l, s)),
+            ("tiled_sdpa_flash_masked_4d", (b, h, l, s)),
+        ]:
+            def make_bcast(g, make=make, mshape=mshape):
+                return make(g) + [_randn(g, mshape)]
 
+            mtag = f"{tag}-mask{'x'.join(map(str, mshape))}"
+            out.append(
+                Case(kernel, FLASH, mtag, make_bcast, ref=masked_ref, eager=masked_eager,
+                     statics={"is_causal": is_causal}, f32_outputs=(1,), dtypes=("f32", "bf16"), tiled=True)
+            )
+            if len(mshape) == 4:
+                def op_ref(q, k, v, mask, kw=kw):
+                    return attention_ref(q, k, v, mask, **kw)[0]
+
+                out.append(
+                    Case("tiled_attention_4d", "tpuk::attention.default", mtag, make_bcast, ref=op_ref, eager=op_ref,
+                         statics={"is_causal": is_causal}, dtypes=("f32", "bf16"), tiled=True)
+                )
         def make_bwd(g, make=make, kw=kw):
             # As for the flash backward: inputs on bf16's grid, the forward's own out and lse.
             q, k, v = (t.bfloat16().double() for t in make(g))
@@ -870,6 +922,7 @@ CASES = (
     + _layer_norm_backward_cases()
     + _tiled_cases()
     + _tiled_attention_cases()
+    + _tiled_loss_cases()
 )
 PARAMS = [pytest.param(c, dt, id=f"{c.kernel}-{dt}-{c.shape_id}") for c in CASES for dt in c.dtypes]
 
@@ -931,7 +984,7 @@ def _interpreted(case: Case, dt: str, inputs: list[torch.Tensor], statics: dict[
     form), in the tested dtype: reported after the twin's outputs."""
     from tpu_kernels import _native
 
-    names = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+    names = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.int64: "i64"}
     tensors = ", ".join(f"{names.get(t.dtype, dt)}[{','.join(map(str, t.shape))}]" for t in inputs)
     spelled = {k: str(v).lower() if isinstance(v, bool) else v for k, v in statics.items()}
     given = ", ".join(f"{k}={v}" for k, v in spelled.items())
@@ -939,7 +992,10 @@ def _interpreted(case: Case, dt: str, inputs: list[torch.Tensor], statics: dict[
     flat = [t.double().flatten().tolist() for t in inputs]
     outs = _native.tiled_interpret(case.kernel, sig, flat)
     assert len(outs) == len(refs), (case.kernel, len(outs))
-    return [torch.tensor(o, dtype=torch.float64).reshape(r.shape).to(DTYPES[dt]) for o, r in zip(outs, refs)]
+    return [
+        torch.tensor(o, dtype=torch.float64).reshape(r.shape).to(DTYPES[dt] if r.is_floating_point() else r.dtype)
+        for o, r in zip(outs, refs)
+    ]
 
 
 @pytest.mark.parametrize(("case", "dt"), PARAMS)

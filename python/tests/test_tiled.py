@@ -2,7 +2,9 @@
 (`tpu_kernels.testing.force_tiled`), the tiled matmul-with-epilogue and RMSNorm run as their
 CPU twins under eager strict and fused modes and under ``torch.compile``, and match PyTorch;
 a block of layer norm, causal flash attention and log-softmax trains (forward and backward)
-through the tiled kernels in eager strict mode and under ``torch.compile``.
+through the tiled kernels in eager strict mode and under ``torch.compile``, and so does a
+language-model head with grouped-query attention and the tiled cross-entropy over vocabulary
+tiles.
 Each block demands that the tiled kernel itself ran (`no_fallbacks(kernels=[...])`); without
 forcing, the CPU takes the StableHLO kernels instead.
 """
@@ -14,6 +16,8 @@ F = torch.nn.functional
 import tpu_kernels as tk  # noqa: E402
 from tpu_kernels.testing import force_tiled, no_fallbacks  # noqa: E402
 from tpu_kernels.torch import custom_ops, substitute  # noqa: E402
+
+custom_ops()  # torch.ops.tpuk.*
 
 TOL = {torch.float32: (2e-5, 2e-5), torch.bfloat16: (2e-2, 2e-2)}
 
@@ -110,7 +114,7 @@ TRAINING_KERNELS = [
     "tiled_layer_norm",
     "tiled_sdpa_flash",
     "tiled_log_softmax",
-    "tiled_log_softmax",
+    "tiled_log_softmax_backward",
     "tiled_sdpa_flash_backward",
     "tiled_layer_norm_backward",
 ]
@@ -120,6 +124,7 @@ TRAINING_OPS = [
     "aten::_scaled_dot_product_flash_attention_for_cpu.default",
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
     "aten::_log_softmax.default",
+    "aten::_log_softmax_backward_data.default",
 ]
 
 
@@ -173,3 +178,110 @@ def test_eager_strict_runs_the_masked_tiled_attention():
         with substitute("strict"):
             got = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+
+
+def test_eager_strict_runs_the_broadcast_boolean_mask_tiled_attention():
+    """A boolean key-padding mask [B, 1, 1, S] (the shape transformers builds), which SDPA turns
+    into an additive one, goes to the 4-D masked tiled flash kernel, its broadcast dims read in
+    place; grouped-query heads too."""
+    torch.manual_seed(6)
+    q = torch.randn(2, 4, 128, 64)
+    k, v = (torch.randn(2, 2, 256, 64) for _ in range(2))
+    keep = torch.ones(2, 1, 1, 256, dtype=torch.bool)
+    keep[0, ..., 200:] = False
+    keep[1, ..., 64:] = False
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    with force_tiled(), no_fallbacks(kernels=["tiled_sdpa_flash_masked_4d"], ops=TRAINING_OPS):
+        with substitute("strict"):
+            got = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+
+
+# ----- a language-model head: grouped-query attention and cross-entropy over vocabulary tiles -----
+
+VOCAB = 4096  # two vocabulary tiles of 2048
+
+
+def _lm_loss(x, ln_w, ln_b, kv, vocab, target):
+    """Layer norm, causal attention with 4 query heads over 2 key/value heads, a projection to
+    the vocabulary and `tpuk::cross_entropy`: a scalar loss."""
+    b, l, d = x.shape
+    h = F.layer_norm(x, [d], ln_w, ln_b)
+    q = h.view(b, l, 4, d // 4).transpose(1, 2)
+    k = (h @ kv[0]).view(b, l, 2, d // 4).transpose(1, 2)
+    v = (h @ kv[1]).view(b, l, 2, d // 4).transpose(1, 2)
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    logits = a.transpose(1, 2).reshape(b * l, d) @ vocab
+    return torch.ops.tpuk.cross_entropy(logits, target)
+
+
+LM_KERNELS = [
+    "tiled_layer_norm",
+    "tiled_sdpa_flash",
+    "tiled_cross_entropy",
+    "tiled_cross_entropy_backward",
+    "tiled_sdpa_flash_backward",
+    "tiled_layer_norm_backward",
+]
+LM_OPS = [
+    "aten::native_layer_norm.default",
+    "aten::native_layer_norm_backward.default",
+    "aten::_scaled_dot_product_flash_attention_for_cpu.default",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward.default",
+    "tpuk::cross_entropy.default",
+    "tpuk::cross_entropy_backward.default",
+]
+
+
+def _lm_grads(fn, seed):
+    torch.manual_seed(seed)
+    d = 256
+    x = torch.randn(2, 128, d, requires_grad=True)
+    ln_w = (1 + 0.1 * torch.randn(d)).requires_grad_()
+    ln_b = (0.1 * torch.randn(d)).requires_grad_()
+    kv = (torch.randn(2, d, d // 2) / d**0.5).requires_grad_()
+    vocab = (torch.randn(d, VOCAB) / d**0.5).requires_grad_()
+    target = torch.randint(0, VOCAB, (2 * 128,))
+    loss = fn(x, ln_w, ln_b, kv, vocab, target)
+    loss.backward()
+    return loss.detach(), x.grad, ln_w.grad, ln_b.grad, kv.grad, vocab.grad
+
+
+def _lm_expected(seed):
+    """The same model with PyTorch's cross-entropy: every row's target is in range, so the two
+    losses are the same function."""
+
+    def fn(x, ln_w, ln_b, kv, vocab, target):
+        b, l, d = x.shape
+        h = F.layer_norm(x, [d], ln_w, ln_b)
+        q = h.view(b, l, 4, d // 4).transpose(1, 2)
+        k = (h @ kv[0]).view(b, l, 2, d // 4).transpose(1, 2)
+        v = (h @ kv[1]).view(b, l, 2, d // 4).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return F.cross_entropy(a.transpose(1, 2).reshape(b * l, d) @ vocab, target)
+
+    return _lm_grads(fn, seed)
+
+
+def test_eager_strict_trains_an_lm_head_through_gqa_attention_and_tiled_cross_entropy():
+    """Forward and backward of a language-model head in eager strict mode, tiled kernels forced:
+    the grouped-query flash forward and backward and the tiled cross-entropy and its backward
+    ran (none fell back), and the loss and every gradient match PyTorch's."""
+    expected = _lm_expected(6)
+    with force_tiled(), no_fallbacks(kernels=LM_KERNELS, ops=LM_OPS):
+        with substitute("strict"):
+            got = _lm_grads(_lm_loss, 6)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=2e-4, atol=2e-4)
+
+
+def test_torch_compile_trains_an_lm_head_through_gqa_attention_and_tiled_cross_entropy():
+    """The same head under ``torch.compile``: the tiled kernels ran inside the forward and
+    backward programs."""
+    expected = _lm_expected(7)
+    torch._dynamo.reset()
+    compiled = torch.compile(_lm_loss, backend="tpu_kernels")
+    with force_tiled(), no_fallbacks(kernels=LM_KERNELS, programs=2):
+        got = _lm_grads(compiled, 7)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, rtol=2e-4, atol=2e-4)

@@ -36,6 +36,8 @@ fn tiled() -> Vec<&'static KernelRegistration> {
         "tiled_cross_entropy_backward",
         "tiled_sdpa_flash",
         "tiled_sdpa_flash_masked",
+        "tiled_sdpa_flash_masked_4d",
+        "tiled_attention_4d",
         "tiled_sdpa_flash_backward",
     ] {
         assert!(names.contains(&want), "{want} is registered: {names:?}");

@@ -1,7 +1,8 @@
 //! Flash attention as tiled (Mosaic) kernels: the forward of PyTorch's CPU flash overload
 //! (`aten::_scaled_dot_product_flash_attention_for_cpu`, without `attn_mask` and with an
-//! additive `[L, S]` one), `(out, logsumexp)`, with an online softmax over key/value blocks,
-//! and its backward.
+//! additive one of rank 2 or 4 that broadcasts along any of batch, heads and queries),
+//! `(out, logsumexp)`, with an online softmax over key/value blocks; `tpuk::attention` (the
+//! output alone, a rank-4 mask); and the backward of the unmasked forward.
 //!
 //! `query [B, H, L, E]`, `key`/`value` `[B, G, S, E]` are seen as `[B * H, L, E]` and
 //! `[B * G, S, E]`. The grid is `(B * H, L / bq, S / bk)`, blocks of 128 rows where the
@@ -86,13 +87,14 @@ pub fn tiled_sdpa_flash(
 ) {
     let _ = dropout_p;
     let state = Online { m, l, acc };
-    flash_forward(k, [query, key, value], None, [out, logsumexp], state, is_causal, scale);
+    flash_forward(k, [query, key, value], None, (out, Some(logsumexp)), state, is_causal, scale);
 }
 
-/// The flash forward with an additive f32 mask of the scores' shape, `[L, S]` (one mask for
-/// every batch and head, as a model's padding-free causal or banded mask): the mask's `[bq,
-/// bk]` block is added to each score block. A mask of another shape or type stays with the
-/// StableHLO kernel.
+/// The flash forward with an additive `[ML, S]` mask (`ML` 1 or `L`; f32 or a 16-bit float),
+/// the same for every batch and head, as a model's causal, banded or padding mask (PyTorch
+/// turns a boolean mask into this before the op): the mask's `[bq, bk]` block (or `[1, bk]`
+/// row) is added to each score block. A mask of rank 4 goes to
+/// [`fn@tiled_sdpa_flash_masked_4d`]; of rank 1 or 3, to the StableHLO kernel.
 #[tpu_kernel(
     aten = "aten::_scaled_dot_product_flash_attention_for_cpu",
     schema(query, key, value, dropout_p, is_causal, attn_mask, scale),
@@ -101,7 +103,7 @@ pub fn tiled_sdpa_flash(
         query = [B, H, L, E],
         key = [B, G, S, E],
         value = [B, G, S, E],
-        attn_mask = f32[L, S],
+        attn_mask = [ML, S],
     ),
     defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
     require(dropout_p == 0.0),
@@ -116,6 +118,9 @@ pub fn tiled_sdpa_flash(
             group = H / G,
             bq = tile(L, 128, 8),
             bk = tile(S, 512, 128),
+            ml = broadcast(ML, L),
+            mq = min(bq, ml),
+            ldiv = L / ml,
         ),
         grid = [BH, L / bq, S / bk],
         semantics = [parallel, parallel, arbitrary],
@@ -123,7 +128,7 @@ pub fn tiled_sdpa_flash(
             query = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
             key = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
             value = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
-            attn_mask = block([bq, bk], |g, i, j| (i, j)),
+            attn_mask = block([mq, bk], |g, i, j| (i / ldiv, j)),
         ),
         outputs(
             out = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
@@ -135,6 +140,7 @@ pub fn tiled_sdpa_flash(
         "f32[1,2,256,128], f32[1,2,256,128], f32[1,2,256,128], f32[256,256]; is_causal=true",
         "bf16[1,4,128,128], bf16[1,2,1024,128], bf16[1,2,1024,128], f32[128,1024]",
         "f32[2,4,16,32], f32[2,2,24,32], f32[2,2,24,32], f32[16,24]; scale=0.3",
+        "bf16[1,2,256,64], bf16[1,2,256,64], bf16[1,2,256,64], bf16[1,256]",
     ],
 )]
 #[allow(clippy::too_many_arguments, reason = "four inputs, two outputs, three scratch buffers")]
@@ -156,7 +162,149 @@ pub fn tiled_sdpa_flash_masked(
     let _ = dropout_p;
     let state = Online { m, l, acc };
     let qkv = [query, key, value];
-    flash_forward(k, qkv, Some(attn_mask), [out, logsumexp], state, is_causal, scale);
+    flash_forward(k, qkv, Some(attn_mask), (out, Some(logsumexp)), state, is_causal, scale);
+}
+
+/// The flash forward with an additive mask of rank 4, `[MB, MH, ML, S]`, each of `MB`, `MH`,
+/// `ML` 1 or the batch, head or query length it broadcasts along (a padding mask `[B, 1, 1,
+/// S]`, a per-head bias `[1, H, L, S]`, a full `[B, H, L, S]`). The mask is seen as `[MB * MH,
+/// ML, S]`; query head `g` of the `B * H` axis reads mask row `(g / (H / MH)) % (MB * MH)`
+/// (batch `b` and head `h` where the mask has them, 0 where it broadcasts).
+#[tpu_kernel(
+    aten = "aten::_scaled_dot_product_flash_attention_for_cpu",
+    schema(query, key, value, dropout_p, is_causal, attn_mask, scale),
+    dtypes = [f32, bf16],
+    shapes(
+        query = [B, H, L, E],
+        key = [B, G, S, E],
+        value = [B, G, S, E],
+        attn_mask = [MB, MH, ML, S],
+    ),
+    defaults(dropout_p = 0.0, is_causal = false, scale = -0.0),
+    require(dropout_p == 0.0),
+    cache_key = [dropout_p, is_causal, scale],
+    output = [same_as(query), tensor(f32, [B, H, L])],
+    backward = sdpa_flash_cpu_masked_backward,
+    priority = -1,
+    tiled(
+        tiles(
+            BH = B * H,
+            BG = B * G,
+            group = H / G,
+            bq = tile(L, 128, 8),
+            bk = tile(S, 512, 128),
+            mb = broadcast(MB, B),
+            mh = broadcast(MH, H),
+            ml = broadcast(ML, L),
+            MBH = mb * mh,
+            hdiv = H / mh,
+            mq = min(bq, ml),
+            ldiv = L / ml,
+        ),
+        grid = [BH, L / bq, S / bk],
+        semantics = [parallel, parallel, arbitrary],
+        inputs(
+            query = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
+            key = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+            value = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+            attn_mask = block([1, mq, bk], |g, i, j| (g / hdiv % MBH, i / ldiv, j))
+                .view([MBH, ML, S]),
+        ),
+        outputs(
+            out = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
+            logsumexp = block([1, bq, 1], |g, i, j| (g, i, 0)).view([BH, L, 1]),
+        ),
+        scratch(m = vmem(f32, [bq, 1]), l = vmem(f32, [bq, 1]), acc = vmem(f32, [bq, E])),
+    ),
+    canonical = [
+        "f32[2,2,256,128], f32[2,2,256,128], f32[2,2,256,128], f32[2,1,1,256]; is_causal=true",
+        "bf16[2,4,128,64], bf16[2,2,512,64], bf16[2,2,512,64], bf16[1,4,128,512]",
+        "f32[2,4,16,32], f32[2,2,24,32], f32[2,2,24,32], f32[2,4,16,24]; scale=0.3",
+        "f32[3,2,16,32], f32[3,2,24,32], f32[3,2,24,32], f32[1,1,16,24]",
+    ],
+)]
+#[allow(clippy::too_many_arguments, reason = "four inputs, two outputs, three scratch buffers")]
+pub fn tiled_sdpa_flash_masked_4d(
+    k: &Tiled,
+    query: Block,
+    key: Block,
+    value: Block,
+    attn_mask: Block,
+    out: Block,
+    logsumexp: Block,
+    m: Block,
+    l: Block,
+    acc: Block,
+    dropout_p: f64,
+    is_causal: bool,
+    scale: f64,
+) {
+    let _ = dropout_p;
+    let state = Online { m, l, acc };
+    let qkv = [query, key, value];
+    flash_forward(k, qkv, Some(attn_mask), (out, Some(logsumexp)), state, is_causal, scale);
+}
+
+/// `tpuk::attention` (the output alone) with a rank-4 additive mask, as
+/// [`fn@tiled_sdpa_flash_masked_4d`] computes it; its backward is the StableHLO
+/// `attention_backward`, which also gives the mask its gradient.
+#[tpu_kernel(
+    op = "tpuk::attention",
+    dtypes = [f32, bf16],
+    shapes(query = [B, H, L, E], key = [B, G, S, E], value = [B, G, S, E], mask = [MB, MH, ML, S]),
+    defaults(is_causal = false, scale = -0.0),
+    cache_key = [is_causal, scale],
+    output = same_as(query),
+    backward = attention_backward,
+    priority = -1,
+    tiled(
+        tiles(
+            BH = B * H,
+            BG = B * G,
+            group = H / G,
+            bq = tile(L, 128, 8),
+            bk = tile(S, 512, 128),
+            mb = broadcast(MB, B),
+            mh = broadcast(MH, H),
+            ml = broadcast(ML, L),
+            MBH = mb * mh,
+            hdiv = H / mh,
+            mq = min(bq, ml),
+            ldiv = L / ml,
+        ),
+        grid = [BH, L / bq, S / bk],
+        semantics = [parallel, parallel, arbitrary],
+        inputs(
+            query = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E]),
+            key = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+            value = block([1, bk, E], |g, i, j| (g / group, j, 0)).view([BG, S, E]),
+            mask = block([1, mq, bk], |g, i, j| (g / hdiv % MBH, i / ldiv, j)).view([MBH, ML, S]),
+        ),
+        outputs(out = block([1, bq, E], |g, i, j| (g, i, 0)).view([BH, L, E])),
+        scratch(m = vmem(f32, [bq, 1]), l = vmem(f32, [bq, 1]), acc = vmem(f32, [bq, E])),
+    ),
+    canonical = [
+        "f32[2,4,128,64], f32[2,4,128,64], f32[2,4,128,64], f32[2,1,1,128]; is_causal=true",
+        "bf16[1,4,128,128], bf16[1,2,256,128], bf16[1,2,256,128], bf16[1,4,128,256]",
+        "f32[2,4,5,8], f32[2,2,7,8], f32[2,2,7,8], f32[2,1,5,7]; scale=0.3",
+    ],
+)]
+#[allow(clippy::too_many_arguments, reason = "four inputs, one output, three scratch buffers")]
+pub fn tiled_attention_4d(
+    k: &Tiled,
+    query: Block,
+    key: Block,
+    value: Block,
+    mask: Block,
+    out: Block,
+    m: Block,
+    l: Block,
+    acc: Block,
+    is_causal: bool,
+    scale: f64,
+) {
+    let state = Online { m, l, acc };
+    flash_forward(k, [query, key, value], Some(mask), (out, None), state, is_causal, scale);
 }
 
 /// The online softmax's running state per query block (f32 scratch): the row max, the row sum
@@ -174,7 +322,7 @@ fn flash_forward<'k>(
     k: &'k Tiled,
     [query, key, value]: [Block<'k>; 3],
     mask: Option<Block<'k>>,
-    [out, logsumexp]: [Block<'k>; 2],
+    (out, logsumexp): (Block<'k>, Option<Block<'k>>),
     Online { m, l, acc }: Online<'k>,
     is_causal: bool,
     scale: f64,
@@ -195,7 +343,10 @@ fn flash_forward<'k>(
         let v = value.load().reshape(&[bk, e]);
         let mut s = q.matmul_t(key.load().reshape(&[bk, e])) * scale;
         if let Some(mask) = mask {
-            s = s + mask.load().cast(DType::F32);
+            // `[mq, bk]` (or `[1, mq, bk]`), `mq` 1 when the mask broadcasts along the queries.
+            let shape = mask.shape();
+            let rows = shape[shape.len() - 2..].to_vec();
+            s = s + mask.load().reshape(&rows).cast(DType::F32);
         }
         if is_causal {
             let row = k.iota(&[bq, bk], 0) + (i * bq as i64).broadcast_to(&[bq, bk]);
@@ -219,7 +370,9 @@ fn flash_forward<'k>(
     k.when(j.eq(k.num_programs(2) - 1), || {
         let total = l.load();
         out.store((acc.load() / total).cast(out.dtype()).reshape(&[1, bq, e]));
-        logsumexp.store((m.load() + total.log()).reshape(&[1, bq, 1]));
+        if let Some(logsumexp) = logsumexp {
+            logsumexp.store((m.load() + total.log()).reshape(&[1, bq, 1]));
+        }
     });
 }
 
