@@ -560,6 +560,7 @@ class Run:
     cited: list[str] = field(default_factory=list)  # numbers from elsewhere, never measured here
     targets: list[list[str]] = field(default_factory=list)  # measurement, value, target, MET/MISSED
     not_ours: list[str] = field(default_factory=list)  # timed paths whose kernels did not run
+    markdown: list[str] = field(default_factory=list)  # a section the benchmark wrote itself
 
 
 def run_cmd(run: Run, timeout: float) -> Run:
@@ -797,7 +798,17 @@ def parse_import_timing(run: Run) -> None:
         run.tables.append(("flash attention import, step by step (ms)", header, rows))
 
 
-BENCHES = ("emit", "pjrt", "registry", "cache", "tiled", "torch", "import")
+BENCHES = ("emit", "pjrt", "registry", "cache", "tiled", "pallas", "torch", "import")
+
+
+def parse_pallas(run: Run) -> None:
+    """`pallas_compare.py` prints its section as Markdown: kept whole, its headings one level
+    below the run's own."""
+    lines = run.stdout.splitlines()
+    if not any(line.startswith("### ") for line in lines):
+        return
+    run.markdown = ["#" + line if line.startswith("#") else line for line in lines]
+    run.tables.append(("Pallas side by side", [], []))  # parsed: the Markdown is the table
 
 
 def existing_benches(python: str, timeout: float, quick_torch: bool, only: set[str] | None = None) -> list[Run]:
@@ -818,6 +829,14 @@ def existing_benches(python: str, timeout: float, quick_torch: bool, only: set[s
         (
             Run("tiled: libtpu compile time, twin vs StableHLO on the CPU", [*cb, "-p", "tpu-kernels-registry", "--bench", "tiled", "--", *CRITERION_ARGS], "tiled"),
             [parse_tiled, parse_criterion],
+        ),
+        (
+            Run(
+                "Pallas side by side: jax's Pallas TPU kernels and ours, compiled for v5e and v6e",
+                [python, "python/tools/pallas_compare.py"],
+                "pallas",
+            ),
+            [parse_pallas],
         ),
         (
             Run("cache: warm start vs cold compile", [*cb, "-p", "tpu-kernels-registry", "--bench", "cache", "--", *CRITERION_ARGS], "cache"),
@@ -1218,7 +1237,10 @@ def report(
             tail = "\n".join(run.out.strip().splitlines()[-15:])
             L += ["**not parsed**: the output did not have the expected form. Its last lines:", "", "```", tail, "```", ""]
         for caption, header, trs in run.tables:
-            L += [f"**{caption}**", "", *md_table(header, trs), ""]
+            if header:
+                L += [f"**{caption}**", "", *md_table(header, trs), ""]
+        if run.markdown:
+            L += [*run.markdown, ""]
         if run.targets:
             L += [f"- target: {m}: {v}; {t}: **{verdict_}**" for m, v, t, verdict_ in run.targets]
         if run.notes:

@@ -29,11 +29,23 @@ struct Case {
     sig: KernelSignature,
 }
 
+/// Signatures measured beside the canonical ones: cross-entropy at a 32k (Llama 2) and a 128k
+/// (Llama 3: 128256) vocabulary.
+const EXTRA: &[(&str, &str)] = &[
+    ("tiled_cross_entropy", "f32[256,32000], i64[256]"),
+    ("tiled_cross_entropy", "f32[256,128256], i64[256]"),
+    ("tiled_cross_entropy_backward", "f32[], f32[256,32000], i64[256]"),
+    ("tiled_cross_entropy_backward", "f32[], f32[256,128256], i64[256]"),
+];
+
 fn cases(index: &Index) -> Vec<Case> {
     let mut out = Vec::new();
     for k in index.kernels().filter(|k| k.record.is_tiled()) {
         let op = normalize_op(k.record.ops[0]);
-        for sig in k.record.canonical_signatures().unwrap_or_default() {
+        let extra = EXTRA.iter().filter(|(name, _)| *name == k.name()).map(|(_, sig)| {
+            k.complete_statics(k.record.parse_signature(sig).expect("parses")).expect("statics")
+        });
+        for sig in k.record.canonical_signatures().unwrap_or_default().into_iter().chain(extra) {
             let Some(other) = index
                 .candidates(&op)
                 .iter()
