@@ -1272,7 +1272,7 @@ def main() -> int:
     p.add_argument("--benches", help=f"comma-separated existing benchmarks to run, of {','.join(BENCHES)} (default: all)")
     p.add_argument("--quick-torch", action="store_true", help="bench_torch.py --quick (no inductor)")
     p.add_argument("--quick", action="store_true", help="a smoke test: 3 repeats, 1 warm-up, bench_torch.py --quick")
-    p.add_argument("--timeout", type=float, default=300, help="seconds per existing benchmark (default 300)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds per existing benchmark (default 900)")
     args = p.parse_args()
     if args.quick:
         args.repeats, args.warmup, args.quick_torch = 3, 1, True
