@@ -173,3 +173,55 @@ def test_tpu_compile_not_done_without_libtpu_is_recorded_or_refused(cleanup, mon
     with pytest.raises(tk.RuntimeUnavailableError, match="libtpu cannot be loaded"):
         tk.register_jax(lambda x: x + 2.0, name="imp_inc2", op="imp::inc2", signatures=["f32[8,128]"])
     assert "imp_inc2" not in {k["name"] for k in tk.kernels()}
+
+
+# ----- imported ops under torch.compile: a fake implementation from the export's result types -----
+
+
+def _register_softsign_sum(**kw):
+    """A new op with a static argument whose output shape is not its input's: x / (1 + |x|)
+    summed over the last dim, times `factor`."""
+
+    def softsign_sum(x, *, factor: float):
+        return jnp.sum(x / (1.0 + jnp.abs(x)), axis=-1) * factor
+
+    return tk.register_jax(softsign_sum, name="imp_softsign_sum", op="imp::softsign_sum",
+                           statics={"factor": 1.0}, **kw)
+
+
+def _softsign_sum_ref(x, factor=1.0):
+    return (x / (1 + x.abs())).sum(-1) * factor
+
+
+@pytest.mark.parametrize("signature", ["f32[8,128]", "f32[B,128]"], ids=["static", "symbolic"])
+def test_imported_op_has_a_fake_from_its_export(cleanup, signature):
+    """The fake implementation gives the export's result type at the call's signature (another
+    static value; another batch size, which a symbolic kernel is specialised to and which the
+    JAX function gives where a static kernel's guards refuse it), never running anything."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    _register_softsign_sum(signatures=[signature])
+    with FakeTensorMode():
+        for b in (8, 24):
+            y = torch.ops.imp.softsign_sum(torch.empty(b, 128), factor=2.0)
+            assert tuple(y.shape) == (b,) and y.dtype == torch.float32
+    torch.library.opcheck(torch.ops.imp.softsign_sum.default, (torch.randn(8, 128),), {"factor": 2.0},
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("backend", ["tpu_kernels", "aot_eager", "inductor"])
+@pytest.mark.parametrize("signature", ["f32[8,128]", "f32[B,128]"], ids=["static", "symbolic"])
+def test_imported_op_runs_under_torch_compile(cleanup, backend, signature):
+    """An op an imported kernel defines compiles with every backend (Dynamo traces it with its
+    fake) and the kernel runs: in the tpu_kernels program, or as the op Inductor and AOT call."""
+    _register_softsign_sum(signatures=[signature])
+
+    def f(x):
+        return torch.ops.imp.softsign_sum(torch.sin(x), factor=3.0) + 1.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    x = torch.randn(8, 128)
+    with no_fallbacks(kernels=["imp_softsign_sum"], programs=1 if backend == "tpu_kernels" else 0):
+        got = compiled(x)
+    torch.testing.assert_close(got, _softsign_sum_ref(torch.sin(x), 3.0) + 1.0, atol=1e-5, rtol=1e-5)

@@ -276,11 +276,47 @@ impl Kernel {
     }
 
     /// The output types for `sig` (statics completed), from the record's output rule; a
-    /// library kernel whose rule is not data (a function, or "build it") asks its library.
+    /// library kernel whose rule is not data (a function, or "build it") asks its library; an
+    /// imported kernel reads them from its CPU module specialised to `sig` (the export's own
+    /// result types: the module the call would run).
     pub fn output_types(&self, sig: &KernelSignature) -> Result<Vec<TensorType>, String> {
         match (&self.source, self.record.output) {
             (KernelSource::Library(library), tpu_kernels::registration::OutputRule::Build) => {
                 library.output_types(self.name(), sig).map_err(|e| e.to_string())
+            }
+            (KernelSource::Imported { .. }, _) => {
+                let module = self.module_text(sig, Platform::Cpu).map_err(|e| e.to_string())?;
+                let parsed = tpu_kernels::reader::parse_module(&module.text)
+                    .map_err(|e| format!("kernel `{}`: its module: {e}", self.name()))?;
+                let main = parsed.main().map_err(|e| format!("kernel `{}`: {e}", self.name()))?;
+                let takes: Vec<&TensorType> = main.args.iter().map(|a| &a.ty).collect();
+                if takes.len() != sig.inputs.len()
+                    || takes.iter().zip(&sig.inputs).any(|(a, b)| *a != b)
+                {
+                    let takes: Vec<String> = takes.iter().map(|t| t.to_string()).collect();
+                    return Err(format!(
+                        "kernel `{}`: its module takes {}, not {}",
+                        self.name(),
+                        takes.join(", "),
+                        sig.label()
+                    ));
+                }
+                main.results
+                    .iter()
+                    .map(|r| {
+                        if r.ty.shape.dims().iter().all(|d| d.as_static().is_some()) {
+                            Ok(r.ty.clone())
+                        } else {
+                            Err(format!(
+                                "kernel `{}`: its module at {} returns {}, whose shape is not \
+                                 static",
+                                self.name(),
+                                sig.label(),
+                                r.ty
+                            ))
+                        }
+                    })
+                    .collect()
             }
             _ => self.record.output_types(sig),
         }

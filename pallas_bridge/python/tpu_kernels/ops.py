@@ -1,7 +1,9 @@
 """New ops (``mylib::op``) defined by imported kernels, as ``torch.library`` ops.
 
 The op's implementation dispatches to the kernel; when no kernel runs it falls back to the JAX
-function on the CPU (tensors cross through DLPack). Removing the kernel
+function on the CPU (tensors cross through DLPack). Its fake (meta) implementation, which
+torch.compile traces with, gives the kernel's output types at the call's signature (the result
+types of the export specialised to it), as every op a kernel defines does. Removing the kernel
 (:func:`tpu_kernels.unregister`) removes the op.
 """
 
@@ -36,6 +38,29 @@ def _jax_fallback(fn: Callable[..., Any]) -> Callable[..., Any]:
         return res[0] if len(res) == 1 else tuple(res)
 
     return run
+
+
+def _jax_output_types(fn: Callable[..., Any], tensors: Sequence[Any], statics: Mapping[str, Any]) -> list[Any]:
+    """The JAX function's outputs at the tensors' shapes and dtypes (``jax.eval_shape``: traced,
+    never run), as empty tensors on their device."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from ._types import TensorSpec
+    from .jax_import import _x64
+
+    structs = [
+        jax.ShapeDtypeStruct(tuple(int(d) for d in t.shape), jnp.dtype(str(t.dtype).removeprefix("torch.")))
+        for t in tensors
+    ]
+    with _x64([[TensorSpec.of(s) for s in structs]]):
+        out = jax.eval_shape(lambda *xs: fn(*xs, **statics), *structs)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    device = tensors[0].device if tensors else None
+    return [
+        torch.empty(o.shape, dtype=getattr(torch, jnp.dtype(o.dtype).name), device=device) for o in outs
+    ]
 
 
 def define_new_op(
@@ -73,6 +98,26 @@ def define_new_op(
                 return dispatch(op, *tensors, **kwargs)
 
             lib.impl(base, impl, "CompositeExplicitAutograd")
+
+            def fake(*tensors: Any, **kwargs: Any) -> Any:
+                # Under torch.compile (FakeTensors): the kernel's output types, as for every op
+                # a kernel defines; the kernel itself never runs here.
+                from .torch._custom_ops import fake_outputs
+
+                values = [(k, kwargs.get(k, v)) for k, v in statics.items()]
+                try:
+                    outs = fake_outputs(kernel, f"{ns}::{base}", list(tensors), values)
+                except ValueError:
+                    # No variant of the kernel fits the call (a shape its guards refuse): the op
+                    # runs the JAX function there, and these are its types.
+                    outs = _jax_output_types(cpu_fn if cpu_fn is not None else fn, tensors, dict(values))
+                if len(outs) != 1:
+                    raise RegistrationError(
+                        f"kernel `{kernel}`: op `{op}` returns one tensor, the kernel {len(outs)}"
+                    )
+                return outs[0]
+
+            torch.library.register_fake(f"{ns}::{base}", fake, lib=lib)
         except Exception as e:
             lib._destroy()
             raise RegistrationError(f"kernel `{kernel}`: cannot define op `{op}` in torch: {e}") from e

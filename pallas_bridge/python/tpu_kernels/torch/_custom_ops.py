@@ -56,6 +56,23 @@ def _default_text(kind: str, value) -> str:
     return repr(value)
 
 
+def fake_outputs(kernel: str, qualname: str, tensors, statics) -> list:
+    """The fake (meta) implementation of every op a kernel defines, Rust or imported: empty
+    tensors of the kernel's output types at the call's signature, on the inputs' device. The
+    types come from the kernel's output rule (an imported kernel's: the result types of its
+    export specialised to the signature, the module the call would run)."""
+    types = []
+    for t in tensors:
+        if t.dtype not in _SHORT:
+            raise TypeError(f"{qualname}: dtype {t.dtype} has no kernel spelling")
+        types.append((_SHORT[t.dtype], [int(d) for d in t.shape]))
+    device = tensors[0].device if tensors else None
+    return [
+        torch.empty(dims, dtype=_TORCH_DTYPES[dtype], device=device)
+        for dtype, dims in native().output_types(kernel, types, statics)
+    ]
+
+
 def _n_outputs(info: dict) -> int:
     """How many outputs the kernel has, from its output rule at its first canonical signature."""
     for sig in info.get("canonical") or []:
@@ -128,15 +145,7 @@ def _define(info: dict, op: str):
 
     def fake_impl(*args, **kwargs):
         tensors, statics = split(args, kwargs)
-        types = []
-        for t in tensors:
-            if t.dtype not in _SHORT:
-                raise TypeError(f"{qualname}: dtype {t.dtype} has no kernel spelling")
-            types.append((_SHORT[t.dtype], [int(d) for d in t.shape]))
-        outs = [
-            torch.empty(dims, dtype=_TORCH_DTYPES[dtype], device=tensors[0].device)
-            for dtype, dims in native().output_types(info["name"], types, statics)
-        ]
+        outs = fake_outputs(info["name"], qualname, tensors, statics)
         return outs[0] if n_out == 1 else tuple(outs)
 
     lib.impl(name, cpu_impl, "CPU")
