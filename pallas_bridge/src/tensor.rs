@@ -89,7 +89,7 @@ impl Imported {
             ))
         })?;
         let dims: Vec<u64> = tensor.shape().iter().map(|&d| d.max(0) as u64).collect();
-        let contiguous = tensor.is_compact().unwrap_or(false);
+        let contiguous = row_major(tensor.shape(), tensor.strides());
         let ty = TensorType::new(dtype, Shape::of(&dims));
         Ok(Imported { ty, contiguous, dlpack })
     }
@@ -101,10 +101,16 @@ impl Imported {
             return &[];
         }
         let Ok(tensor) = self.dlpack.validate() else { return &[] };
-        // SAFETY: the descriptor is validated, on the CPU and compact (checked in `new`); the
-        // producer keeps its memory alive until `self.dlpack` is dropped, which the borrow of
-        // `self` outlives the returned slice against.
-        unsafe { tensor.cpu_bytes() }.unwrap_or(&[])
+        let len = tensor.num_bytes();
+        if len == 0 {
+            return &[];
+        }
+        let ptr = tensor.data_ptr().cast::<u8>().wrapping_add(tensor.byte_offset() as usize);
+        // SAFETY: the descriptor is validated, on the CPU and row-major (checked in `new`), so
+        // its `num_bytes` bytes from the offset pointer are its elements; the producer keeps its
+        // memory alive until `self.dlpack` is dropped, which the borrow of `self` outlives the
+        // returned slice against.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 
     /// Reads the same bytes as `ty` (same byte size), for element types the producer cannot
@@ -122,6 +128,27 @@ impl Imported {
     pub fn host(&self) -> HostTensor<'_> {
         HostTensor { ty: &self.ty, data: self.bytes(), contiguous: self.contiguous }
     }
+}
+
+/// Whether a DLPack tensor's elements lie in row-major order without gaps, as PyTorch's
+/// `is_contiguous` says: the stride of a dim of size 1 does not matter (a `[1, n]` slice of a
+/// wider row keeps its parent's stride there), and an empty tensor is contiguous.
+pub(crate) fn row_major(shape: &[i64], strides: Option<&[i64]>) -> bool {
+    let Some(strides) = strides else { return true };
+    if shape.len() != strides.len() {
+        return false;
+    }
+    if shape.contains(&0) {
+        return true;
+    }
+    let mut expected = 1i64;
+    for (&d, &s) in shape.iter().zip(strides).rev() {
+        if d != 1 && s != expected {
+            return false;
+        }
+        expected = expected.saturating_mul(d);
+    }
+    true
 }
 
 /// Imports a list of Python tensors.

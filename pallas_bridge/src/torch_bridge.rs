@@ -144,7 +144,7 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported
         )
     })?;
     let dims: Vec<u64> = t.shape().iter().map(|d| *d as u64).collect();
-    let contiguous = t.is_compact().unwrap_or(false);
+    let contiguous = crate::tensor::row_major(t.shape(), t.strides());
     let len = if contiguous { t.num_bytes() } else { 0 };
     let ptr = if len == 0 {
         std::ptr::null()

@@ -162,3 +162,18 @@ def test_recording_failure_runs_the_op(monkeypatch):
     with pytest.raises(InternalError, match="recorder exploded"):
         with error_policy("raise"), substitute("fused"):
             y = torch.tanh(x) * 2
+
+
+def test_fused_program_reads_a_row_slice_whose_unit_dim_has_another_stride():
+    """A `[1, 16]` slice of a `[1, 64]` buffer (transformers' `position_ids[:, :seq]`) is
+    contiguous for torch though its unit dim keeps the parent's stride: the program reads it in
+    place instead of refusing it and replaying in PyTorch."""
+    base = torch.randn(1, 64)
+    x = base[:, :16]
+    assert x.is_contiguous() and x.stride() == (64, 1)
+    with no_fallbacks(kernels=["silu"], programs=1):
+        with substitute("fused"):
+            y = F.silu(x) * 2 + 1
+            y = y + 0  # materialised below
+        got = y.clone()
+    torch.testing.assert_close(got, F.silu(x) * 2 + 1)
