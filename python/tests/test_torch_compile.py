@@ -50,17 +50,17 @@ def test_gpt_forward_and_backward_match_eager():
 def test_unlowerable_nodes_split_the_graph_and_are_reported():
     def f(x):
         y = torch.sin(x) * 2
-        z = torch.cumsum(y, 0)  # no lowering: runs in PyTorch
+        z = torch.sort(y, 0).values  # no lowering: runs in PyTorch
         return F.silu(z) + 1
 
     x = torch.randn(16, 8)
     torch._dynamo.reset()
-    # The lowerable runs around cumsum still run as programs (and silu's kernel in them).
-    with no_fallbacks(kernels=["silu"], programs=2, allow={"aten::cumsum.default": "no lowering"}):
+    # The lowerable runs around sort still run as programs (and silu's kernel in them).
+    with no_fallbacks(kernels=["silu"], programs=2, allow={"aten::sort.default": "no lowering"}):
         got = torch.compile(f, backend="tpu_kernels")(x)
     torch.testing.assert_close(got, f(x), rtol=1e-5, atol=1e-5)
     eager = report().compiled["eager_nodes"]
-    assert "aten::cumsum.default" in eager
+    assert "aten::sort.default" in eager
 
 
 def test_inference_graph():
@@ -100,3 +100,33 @@ def test_dynamic_shapes_fall_back_to_pytorch():
     for n in (8, 9, 10):  # the second shape makes dynamo trace with symbolic sizes
         x = torch.randn(n, 4)
         torch.testing.assert_close(g(x), f(x))
+
+
+def test_a_constant_the_graph_holds_is_a_program_input():
+    """A tensor built in the compiled function is a `get_attr` constant of the graph module: it
+    becomes an input of the program, which the whole graph lowers into."""
+
+    def f(x):
+        return F.silu(x) * torch.tensor([1.0, -2.0, 0.5])
+
+    x = torch.randn(4, 3)
+    torch._dynamo.reset()
+    with no_fallbacks(kernels=["silu"], programs=1) as ran:
+        got = torch.compile(f, backend="tpu_kernels")(x)
+    torch.testing.assert_close(got, f(x))
+    assert not ran.pytorch_nodes
+
+
+def test_a_broadcast_output_keeps_the_graphs_strides():
+    """An output the graph gives as an `expand` (stride 0) comes back with those strides, built
+    from the program's result (copying into overlapping memory would raise)."""
+
+    def f(x):
+        return (x.sin() * 2).sum(0, keepdim=True).expand(4, 3)
+
+    x = torch.randn(5, 3)
+    torch._dynamo.reset()
+    with no_fallbacks(programs=1):
+        got = torch.compile(f, backend="tpu_kernels")(x)
+    torch.testing.assert_close(got, f(x))
+    assert got.stride() == f(x).stride() == (0, 1)

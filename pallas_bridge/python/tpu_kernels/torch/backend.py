@@ -29,7 +29,7 @@ from . import _stats as _report
 from ._bindings import op_key
 from ._native import native
 from ._output import as_tensor
-from .graph import Unencodable, dumps, fill_masked_outputs, fx_to_json
+from .graph import Unencodable, dumps, fill_masked_outputs, fx_to_json, graph_constants
 
 _MAX_SPLITS = 8
 
@@ -72,6 +72,20 @@ def _out_meta(gm: torch.fx.GraphModule):
     return single, [None if r is None else r.meta.get("val") for r in items]
 
 
+def _restride(t: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """`t` (a program's row-major output) laid out with the strides the traced graph gave the
+    output. A broadcast output (stride 0 on a dim of size > 1, an `expand`) is `t`'s first slice
+    along those dims expanded, as the graph's own output is: no tensor with overlapping memory
+    can be written by copying into it."""
+    broadcast = [d for d, (n, st) in enumerate(zip(meta.shape, meta.stride())) if st == 0 and n > 1]
+    if broadcast:
+        base = t
+        for d in broadcast:
+            base = base.narrow(d, 0, 1)
+        return base.contiguous().expand(meta.shape)
+    return torch.empty_strided(meta.shape, meta.stride(), dtype=t.dtype).copy_(t)
+
+
 class _Program:
     """Runs one lowered graph; on a runtime failure (an error, counted as `replay`), runs the
     graph in PyTorch instead, or raises under the "raise" error policy."""
@@ -79,13 +93,18 @@ class _Program:
     def __init__(self, program, gm: torch.fx.GraphModule) -> None:
         self.program = program
         self.gm = gm
+        # The program's inputs after the placeholders: read at the first run, since the graph
+        # is compiled under a fake tensor mode that real tensors must not enter.
+        self.constants: list | None = None
         self.single, self.metas = _out_meta(gm)
 
     def __call__(self, *args):
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
         try:
-            tensors = [a.detach().contiguous() for a in args]
+            if self.constants is None:
+                self.constants = graph_constants(self.gm)
+            tensors = [a.detach().contiguous() for a in args] + self.constants
             caps = self.program.run(tensors)
         except Exception as e:  # a kernel-side failure: run the graph in PyTorch
             _report.record_fallback(
@@ -100,7 +119,7 @@ class _Program:
                 continue
             t = as_tensor(next(it))
             if isinstance(meta, torch.Tensor) and t.dim() > 1 and tuple(meta.stride()) != tuple(t.stride()):
-                t = torch.empty_strided(meta.shape, meta.stride(), dtype=t.dtype).copy_(t)
+                t = _restride(t, meta)
             outs.append(t)
         return outs[0] if self.single else tuple(outs)
 

@@ -131,6 +131,24 @@ def node_json(name: str, func, args, kwargs, outputs: list[str], ref) -> dict:
     return node
 
 
+def graph_constant(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.Tensor:
+    """The tensor a `get_attr` node reads from the graph module."""
+    value = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    if not isinstance(value, torch.Tensor):
+        raise Unencodable(f"node `{node.name}`: attribute `{node.target}` is not a tensor")
+    return value
+
+
+def graph_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The tensors of the graph's `get_attr` nodes, in the order `fx_to_json` makes them graph
+    inputs (after the placeholders), detached and contiguous."""
+    return [
+        graph_constant(gm, n).detach().contiguous() for n in gm.graph.nodes if n.op == "get_attr"
+    ]
+
+
 def fx_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
     """The JSON of an ATen FX graph whose nodes carry `meta['val']` (what aot_autograd gives)."""
     refs: dict[torch.fx.Node, dict] = {}
@@ -142,10 +160,16 @@ def fx_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
             return refs[x]
         return None
 
-    inputs, nodes, outputs = [], [], []
+    inputs, constants, nodes, outputs = [], [], [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             inputs.append({"name": node.name, "type": short_type(node.meta.get("val"))})
+            refs[node] = {"node": node.name}
+        elif node.op == "get_attr":
+            # A tensor the graph module holds (a constant Dynamo lifted): one more graph input,
+            # which the program's caller passes after the placeholders (`graph_constants`).
+            value = graph_constant(gm, node)
+            constants.append({"name": node.name, "type": short_type(value)})
             refs[node] = {"node": node.name}
         elif node.op == "call_function" and node.target is operator.getitem:
             src, index = node.args
@@ -175,7 +199,7 @@ def fx_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
                     raise Unencodable(f"graph output {r!r} is not a tensor")
         else:
             raise Unencodable(f"node `{node.name}`: unsupported FX node {node.op} {node.target}")
-    return {"version": FORMAT_VERSION, "name": name, "inputs": inputs, "nodes": nodes, "outputs": outputs}
+    return {"version": FORMAT_VERSION, "name": name, "inputs": inputs + constants, "nodes": nodes, "outputs": outputs}
 
 
 def dumps(graph: dict) -> str:
