@@ -206,6 +206,10 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::argmax.default", reduce::argmax),
     ("aten::argmin.default", reduce::argmin),
     ("aten::var.correction", reduce::var),
+    ("aten::any.dim", reduce::any),
+    ("aten::any.dims", reduce::any),
+    ("aten::any.default", reduce::any),
+    ("aten::cumsum.default", reduce::cumsum),
     // shapes
     ("aten::view.default", shape::view),
     ("aten::_unsafe_view.default", shape::view),
@@ -223,6 +227,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::cat.default", shape::cat),
     ("aten::split.Tensor", shape::split),
     ("aten::split_with_sizes.default", shape::split_with_sizes),
+    ("aten::constant_pad_nd.default", shape::constant_pad_nd),
+    ("aten::slice_scatter.default", shape::slice_scatter),
     // linear algebra
     ("aten::mm.default", nn::mm),
     ("aten::bmm.default", nn::bmm),

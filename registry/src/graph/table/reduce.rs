@@ -253,3 +253,52 @@ pub(super) fn var<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let v = b.binary(BinaryOp::Divide, ss, denom)?;
     one(convert(b, v, x.dtype())?)
 }
+
+/// `any(self, dim, keepdim=False)` (and `any.dims`, `any()`): whether an element is nonzero.
+pub(super) fn any<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let dims = match cx.get(1, "dim") {
+        None => (0..x.rank()).collect(),
+        Some(_) => match cx.opt_int(1, "dim") {
+            Ok(d) => reduce_dims(d.map(|d| vec![d]), x.rank())?,
+            Err(_) => reduce_dims(cx.opt_ints(1, "dim")?, x.rank())?,
+        },
+    };
+    let keepdim = cx.bool_or(2, "keepdim", false)?;
+    let nonzero = if x.dtype() == DType::Bool {
+        x
+    } else {
+        let zero = splat(cx.b, x.ty(), Scalar::Int(0))?;
+        cx.b.compare(Direction::Ne, x, zero)?
+    };
+    one(reduce(cx.b, nonzero, BinaryOp::Or, Scalar::Bool(false), &dims, keepdim)?)
+}
+
+/// `cumsum(self, dim, *, dtype=None)`: integers and bools sum to `i64`. A parallel prefix sum:
+/// log2(n) steps, each adding the running sums shifted by 1, 2, 4, ... along `dim`.
+pub(super) fn cumsum<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let out = match cx.opt_dtype(usize::MAX, "dtype")? {
+        Some(t) => t,
+        None if x.dtype().is_float() => x.dtype(),
+        None => DType::I64,
+    };
+    let mut y = convert(cx.b, x, acc_type(out))?;
+    if x.rank() == 0 {
+        return one(convert(cx.b, y, out)?);
+    }
+    let n = dims_of(x)?[d] as i64;
+    let rank = x.rank();
+    let zero = scalar_const(cx.b, y.dtype(), Scalar::Int(0))?;
+    let mut shift = 1i64;
+    while shift < n {
+        // y[i] += y[i - shift] (0 before the start): the first n - shift entries moved up.
+        let (mut low, mut high) = (vec![0i64; rank], vec![0i64; rank]);
+        (low[d], high[d]) = (shift, -shift);
+        let moved = cx.b.pad(y, zero, &low, &high, &vec![0; rank])?;
+        y = cx.b.binary(BinaryOp::Add, y, moved)?;
+        shift *= 2;
+    }
+    one(convert(cx.b, y, out)?)
+}

@@ -1,8 +1,10 @@
 //! Views, layout and shape ops. Values have no strides here: every view is a new value.
 
-use tpu_kernels::{Shape, Tensor, TensorType};
+use tpu_kernels::{DType, Shape, Tensor, TensorType};
 
-use super::{Cx, Operand, R, axis, bad, convert, dims_of, one, result_type};
+use super::{
+    Cx, Operand, R, Scalar, axis, bad, convert, dims_of, one, result_type, scalar_const, splat,
+};
 
 type Out<'b> = R<Vec<Tensor<'b>>>;
 
@@ -247,4 +249,74 @@ pub(super) fn split_with_sizes<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     }
     let sizes: Vec<u64> = sizes.iter().map(|&s| s as u64).collect();
     split_into(cx, x, &sizes, d)
+}
+
+/// `constant_pad_nd(self, pad, value=0)`: `pad` holds (before, after) pairs from the last
+/// dimension backwards; a negative amount crops.
+pub(super) fn constant_pad_nd<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let pad = cx.ints(1, "pad")?;
+    let rank = x.rank();
+    if pad.len() % 2 != 0 || pad.len() / 2 > rank {
+        return bad(format!(
+            "pad has {} entries: it takes (before, after) pairs for at most the {rank} dims of {}",
+            pad.len(),
+            x.ty()
+        ));
+    }
+    let value = cx.opt_scalar(2, "value")?.unwrap_or(Scalar::Int(0));
+    let (mut low, mut high) = (vec![0i64; rank], vec![0i64; rank]);
+    for (k, pair) in pad.chunks(2).enumerate() {
+        (low[rank - 1 - k], high[rank - 1 - k]) = (pair[0], pair[1]);
+    }
+    let have = dims_of(x)?;
+    for d in 0..rank {
+        if have[d] as i64 + low[d] + high[d] < 0 {
+            return bad(format!("pad crops dimension {d} of {} below 0", x.ty()));
+        }
+    }
+    let v = scalar_const(cx.b, x.dtype(), value)?;
+    one(cx.b.pad(x, v, &low, &high, &vec![0; rank])?)
+}
+
+/// `slice_scatter(self, src, dim=0, start=None, end=None, step=1)`: `self` with the slice
+/// `start:end:step` of `dim` replaced by `src`. `src` is spread to its positions by an interior
+/// pad, and a mask padded the same way picks it.
+pub(super) fn slice_scatter<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let src = cx.tensor(1, "src")?;
+    let d = axis(cx.int_or(2, "dim", 0)?, x.rank())?;
+    let have = dims_of(x)?;
+    let size = have[d] as i64;
+    let start = clamp_index(cx.opt_int(3, "start")?.unwrap_or(0), size);
+    let end = clamp_index(cx.opt_int(4, "end")?.unwrap_or(size), size).max(start);
+    let step = cx.int_or(5, "step", 1)?;
+    if step < 1 {
+        return bad(format!("slice_scatter step {step} must be positive"));
+    }
+    let n = (end - start + step - 1) / step;
+    let mut want = have.clone();
+    want[d] = n as u64;
+    if dims_of(src)? != want {
+        return bad(format!(
+            "slice_scatter: src is {}, the slice {start}:{end}:{step} of dim {d} of {} is {want:?}",
+            src.ty(),
+            x.ty()
+        ));
+    }
+    let src = convert(cx.b, src, x.dtype())?;
+    if n == 0 {
+        return one(x);
+    }
+    let rank = x.rank();
+    let (mut low, mut high, mut interior) = (vec![0i64; rank], vec![0i64; rank], vec![0i64; rank]);
+    low[d] = start;
+    interior[d] = step - 1;
+    high[d] = size - (start + (n - 1) * step + 1);
+    let zero = scalar_const(cx.b, x.dtype(), Scalar::Int(0))?;
+    let spread = cx.b.pad(src, zero, &low, &high, &interior)?;
+    let ones = splat(cx.b, TensorType::new(DType::Bool, src.shape()), Scalar::Bool(true))?;
+    let no = scalar_const(cx.b, DType::Bool, Scalar::Bool(false))?;
+    let mask = cx.b.pad(ones, no, &low, &high, &interior)?;
+    one(cx.b.select(mask, spread, x)?)
 }
