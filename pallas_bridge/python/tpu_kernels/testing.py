@@ -193,6 +193,8 @@ class Ran:
     programs: int = 0
     #: `(op, category)` -> fallbacks recorded in the block, allowed ones included.
     fallbacks: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: Op -> ``torch.compile`` graph nodes of that op run in PyTorch, allowed ones included.
+    pytorch_nodes: dict[str, int] = field(default_factory=dict)
 
 
 def _normalize(op: str) -> str:
@@ -275,6 +277,8 @@ def no_fallbacks(
         problems.append(f"{op}: {delta} {kind}{'s' if delta > 1 else ''} ({category}); last: {after['last'].get(op, '?')}")
     for op, n in sorted(after["eager_nodes"].items()):
         delta = n - before["eager_nodes"].get(op, 0)
+        if delta > 0:
+            ran.pytorch_nodes[op] = delta
         if delta > 0 and op not in allowed:
             problems.append(f"{op}: {delta} torch.compile node(s) ran in PyTorch: {after['eager_reasons'].get(op, '?')}")
     ran.kernels = {
