@@ -74,6 +74,24 @@ CASES = {
         [randn(2, 4, 3), torch.tensor([[0, 3, 3, 6], [1, 1, 1, 5]])],
     ),
     "index_tensor": (lambda x, i: a.index.Tensor(x, [i]), [randn(6, 3), torch.tensor([[5, 0], [-1, 2]])]),
+    "index_two_broadcast": (
+        lambda x, i, j: a.index.Tensor(x, [i, j]),
+        [randn(2, 16), torch.arange(2).view(2, 1, 1, 1), torch.arange(16).view(1, 1, 1, 16)],
+    ),
+    "index_inner_adjacent": (
+        lambda x, i, j: a.index.Tensor(x, [None, i, j]),
+        [randn(4, 5, 5), randint(0, 5, 10), torch.tensor([0, 1, 2, 3, 4, -1, -2, -3, -4, -5])],
+    ),
+    "index_apart": (lambda x, i, j: a.index.Tensor(x, [i, None, j]), [randn(3, 4, 5), randint(0, 3, 2, 3), randint(-5, 5, 3)]),
+    "index_second_dim_int": (lambda x, i: a.index.Tensor(x, [None, i]), [randint(0, 9, 3, 4, 2), torch.tensor([3, -1, 0])]),
+    "index_put_inner_accumulate": (
+        lambda x, i, j, v: a.index_put(x, [None, i, j], v, True),
+        [randn(4, 5, 5), randint(0, 5, 10), randint(0, 5, 10), randn(4, 10)],
+    ),
+    "index_put_apart_overwrite": (
+        lambda x, i, j, v: a.index_put(x, [i, None, j], v, False),
+        [randn(3, 4, 5), torch.tensor([0, 2]), torch.tensor([1, -1]), randn(4)],
+    ),
     "index_put_accumulate": (
         lambda x, i, v: a.index_put(x, [i], v, True),
         [randn(6, 3), torch.tensor([1, 4, 1, -2]), randn(4, 3)],

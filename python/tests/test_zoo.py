@@ -32,7 +32,6 @@ LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {
         "transformers::grouped_mm_fallback.default": "an op transformers defines; no lowering",
         "transformers::grouped_mm_fallback_backward.default": "an op transformers defines; no lowering",
     },
-    "bert": {"aten::index.Tensor": "an index tensor on a dimension other than the first"},
     "vit": {
         "aten::convolution.default": "no lowering yet",
         "aten::convolution_backward.default": "no lowering yet",
@@ -47,8 +46,6 @@ LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {
     "dlrm": {
         "aten::_embedding_bag.default": "no lowering yet",
         "aten::_embedding_bag_backward.default": "no lowering yet",
-        "aten::index.Tensor": "two index tensors (the interaction's pairs)",
-        "aten::index_put.default": "two index tensors (the interaction's pairs)",
     },
 }
 

@@ -175,38 +175,160 @@ pub(super) fn embedding_dense_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 
 /// The single index tensor of an `indices` list (`Tensor?[]`): only `[idx]` (trailing `None`s
 /// allowed) is lowered.
-fn single_index<'b>(cx: &Cx<'_, 'b>, i: usize) -> R<Tensor<'b>> {
-    let list = cx.tensor_list(i, "indices")?;
-    match list.split_first() {
-        Some((Some(idx), rest)) if rest.iter().all(Option::is_none) => {
-            if idx.dtype() == DType::Bool {
-                return bad("boolean mask indices give data-dependent shapes; not lowered");
-            }
-            index_tensor(*idx, "indices")?;
-            Ok(*idx)
+/// PyTorch's advanced indexing (`self[..., i, ..., j, ...]` with integer index tensors on any
+/// dims) reduced to one index on the first dimension: the indexed dims moved first and
+/// flattened, the index tensors broadcast together and combined into one linear index.
+struct Advanced<'b> {
+    /// `self` as `[P, rest...]`: P the product of the indexed dims' sizes, `rest` the others.
+    flat: Tensor<'b>,
+    /// The linear index into P, of the index tensors' broadcast shape `I`.
+    idx: Tensor<'b>,
+    /// The permutation that moved the indexed dims first.
+    perm: Vec<usize>,
+    /// `self`'s indexed dims' sizes, then the others', in `perm`'s order.
+    permuted: Vec<u64>,
+    /// Where `I`'s dims stand in the result among the `rest` dims: after the dims before the
+    /// first indexed one when the indexed dims are adjacent (PyTorch's rule), else first.
+    at: usize,
+}
+
+impl<'b> Advanced<'b> {
+    fn new(b: &'b KernelBuilder, x: Tensor<'b>, list: &[Option<Tensor<'b>>]) -> R<Advanced<'b>> {
+        let have = dims_of(x)?;
+        if list.len() > have.len() {
+            return bad(format!("{} index tensors for {}", list.len(), x.ty()));
         }
-        _ => bad("only one index tensor, on the first dimension, is lowered"),
+        let mut dims = Vec::new();
+        let mut idxs = Vec::new();
+        for (d, t) in list.iter().enumerate() {
+            if let Some(t) = t {
+                if t.dtype() == DType::Bool {
+                    return bad("boolean mask indices give data-dependent shapes; not lowered");
+                }
+                index_tensor(*t, "indices")?;
+                dims.push(d);
+                idxs.push(convert(b, *t, DType::I64)?);
+            }
+        }
+        if dims.is_empty() {
+            return bad("no index tensor");
+        }
+        let idxs = broadcast_all(b, &idxs)?;
+        let mut linear: Option<Tensor<'b>> = None;
+        for (j, (&d, &t)) in dims.iter().zip(&idxs).enumerate() {
+            let size = scalar_const(b, DType::I64, Scalar::Int(have[d] as i64))?;
+            let zero = scalar_const(b, DType::I64, Scalar::Int(0))?;
+            let neg = b.compare(Direction::Lt, t, zero)?;
+            let wrapped = b.binary(BinaryOp::Add, t, size)?;
+            let v = broadcast_all(b, &[neg, wrapped, t])?;
+            let t = b.select(v[0], v[1], v[2])?;
+            let stride: u64 = dims[j + 1..].iter().map(|&e| have[e]).product();
+            let term = if stride == 1 {
+                t
+            } else {
+                let s = scalar_const(b, DType::I64, Scalar::Int(stride as i64))?;
+                b.binary(BinaryOp::Multiply, t, s)?
+            };
+            linear = Some(match linear {
+                None => term,
+                Some(acc) => b.binary(BinaryOp::Add, acc, term)?,
+            });
+        }
+        let others: Vec<usize> = (0..have.len()).filter(|d| !dims.contains(d)).collect();
+        let perm: Vec<usize> = dims.iter().chain(&others).copied().collect();
+        let permuted: Vec<u64> = perm.iter().map(|&d| have[d]).collect();
+        let moved = if perm.iter().enumerate().all(|(i, &d)| i == d) {
+            x
+        } else {
+            let p: Vec<i64> = perm.iter().map(|&d| d as i64).collect();
+            b.transpose(x, &p)?
+        };
+        let mut flat_dims = vec![dims.iter().map(|&d| have[d]).product::<u64>()];
+        flat_dims.extend(others.iter().map(|&d| have[d]));
+        let flat = b.reshape(moved, Shape::of(&flat_dims))?;
+        let adjacent = dims.windows(2).all(|w| w[1] == w[0] + 1);
+        let at = if adjacent { dims[0] } else { 0 };
+        Ok(Advanced { flat, idx: linear.expect("one index at least"), perm, permuted, at })
+    }
+
+    /// The order that takes `[I..., rest...]` to the result's `[rest[..at], I..., rest[at..]]`.
+    fn placement(&self) -> Vec<i64> {
+        let r = self.idx.rank();
+        let n_rest = self.flat.rank() - 1;
+        (r..r + self.at).chain(0..r).chain(r + self.at..r + n_rest).map(|d| d as i64).collect()
     }
 }
 
-/// `self[idx]` with one index tensor on the first dimension.
+/// `self[indices]`: PyTorch's advanced indexing with integer index tensors.
 pub(super) fn index<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let x = cx.tensor(0, "self")?;
     if x.rank() == 0 {
         return bad("cannot index a 0-dim tensor");
     }
-    let idx = single_index(cx, 1)?;
-    one(take_rows(cx.b, x, idx)?)
+    let list = cx.tensor_list(1, "indices")?;
+    let adv = Advanced::new(cx.b, x, &list)?;
+    let rows = take_rows(cx.b, adv.flat, adv.idx)?;
+    let order = adv.placement();
+    if order.iter().enumerate().all(|(i, &d)| i as i64 == d) {
+        return one(rows);
+    }
+    one(cx.b.transpose(rows, &order)?)
 }
 
-/// `index_put(self, [idx], values, accumulate)`: the transposed one-hot times the values; with
-/// `accumulate=False` the rows hit take the (summed) written values.
+/// `index_put(self, indices, values, accumulate)`: the written values go to the flattened
+/// indexed rows (see [`put_rows`]), then back to `self`'s layout.
 pub(super) fn index_put<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let b = cx.b;
     let x = cx.tensor(0, "self")?;
-    let idx = single_index(cx, 1)?;
+    if x.rank() == 0 {
+        return bad("cannot index_put into a 0-dim tensor");
+    }
+    let list = cx.tensor_list(1, "indices")?;
     let values = cx.tensor(2, "values")?;
     let accumulate = cx.bool_or(3, "accumulate", false)?;
+    let adv = Advanced::new(b, x, &list)?;
+    // The values broadcast to the result of `self[indices]`, then in `[I..., rest...]` order.
+    let order = adv.placement();
+    let (i_dims, rest) = (dims_of(adv.idx)?, dims_of(adv.flat)?[1..].to_vec());
+    let result: Vec<u64> = order
+        .iter()
+        .map(|&d| {
+            let d = d as usize;
+            if d < i_dims.len() { i_dims[d] } else { rest[d - i_dims.len()] }
+        })
+        .collect();
+    let values = b.broadcast_to(values, &Shape::of(&result))?;
+    let mut inverse = vec![0i64; order.len()];
+    for (i, &d) in order.iter().enumerate() {
+        inverse[d as usize] = i as i64;
+    }
+    let values = if inverse.iter().enumerate().all(|(i, &d)| i as i64 == d) {
+        values
+    } else {
+        b.transpose(values, &inverse)?
+    };
+    let put = put_rows(b, adv.flat, adv.idx, values, accumulate)?;
+    let put = b.reshape(put, Shape::of(&adv.permuted))?;
+    if adv.perm.iter().enumerate().all(|(i, &d)| i == d) {
+        return one(put);
+    }
+    let mut back = vec![0i64; adv.perm.len()];
+    for (i, &d) in adv.perm.iter().enumerate() {
+        back[d] = i as i64;
+    }
+    one(b.transpose(put, &back)?)
+}
+
+/// `x` (`[rows, rest...]`) with `values` (`I + rest`) written at rows `idx` (`I`): the
+/// transposed one-hot times the values; with `accumulate=false` the rows hit take the (summed)
+/// written values.
+fn put_rows<'b>(
+    b: &'b KernelBuilder,
+    x: Tensor<'b>,
+    idx: Tensor<'b>,
+    values: Tensor<'b>,
+    accumulate: bool,
+) -> R<Tensor<'b>> {
     let have = dims_of(x)?;
     let Some((&rows, rest)) = have.split_first() else {
         return bad("cannot index_put into a 0-dim tensor");
@@ -235,7 +357,7 @@ pub(super) fn index_put<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         let hit = b.broadcast_in_dim(hit, xv.ty().with_dtype(DType::Bool), &[0])?;
         b.select(hit, contrib, xv)?
     };
-    one(convert(b, out, dt)?)
+    convert(b, out, dt)
 }
 
 /// `(index, self)` prepared for a gather/scatter along `d`: the comparison `index == k` as
