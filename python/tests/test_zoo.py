@@ -107,3 +107,30 @@ def test_zoo_model_trains_a_step(references, name, path):
         if name not in NO_EAGER_KERNELS:
             assert ran.kernels, f"{name} in {path}: no kernel ran"
     _compare(got, ref, f"{name} in {path}")
+
+
+# bf16 autocast, the TPU's native precision, checked on whole models. Both sides round to bf16
+# at every autocast op, ours with f32 accumulation inside kernels and programs, PyTorch's CPU ops
+# in their own order: the loss within BF16_LOSS_RTOL and each gradient within BF16_GRAD of its
+# tensor's largest entry (bf16 keeps 8 bits: a rounding step is 0.4% to 0.8% of a value).
+BF16_MODELS = ["llama", "gpt2", "bert", "t5"]
+BF16_LOSS_RTOL = 2e-3
+BF16_GRAD = 5e-2
+
+
+@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile"])
+@pytest.mark.parametrize("name", BF16_MODELS)
+def test_zoo_model_trains_a_bf16_autocast_step(references, name, path):
+    key = f"{name}@bf16"
+    if key not in references:
+        references[key] = zoo.train_step(zoo.SPECS[name], "eager", autocast=torch.bfloat16)
+    ref = references[key]
+    with no_fallbacks(ops=[], programs=1 if path == "compile" else 0) as ran:
+        got = zoo.train_step(zoo.SPECS[name], path, autocast=torch.bfloat16)
+    assert ran.kernels, f"{name} bf16 in {path}: no kernel ran"
+    assert not ran.pytorch_nodes, f"{name} bf16 compiled: nodes left to PyTorch: {ran.pytorch_nodes}"
+    torch.testing.assert_close(got.loss, ref.loss, rtol=BF16_LOSS_RTOL, atol=0)
+    for k, r in ref.grads.items():
+        worst = float((got.grads[k] - r).abs().max())
+        scale = float(r.abs().max())
+        assert worst <= BF16_GRAD * scale + 1e-6, f"{name} bf16 in {path}: grad {k}: off by {worst:.3g}, largest {scale:.3g}"

@@ -225,8 +225,9 @@ def _context(path: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def train_step(spec: Spec, path: str, seed: int = 0) -> Step:
-    """Forward, backward and one AdamW step of `spec`'s model through `path`."""
+def train_step(spec: Spec, path: str, seed: int = 0, autocast: torch.dtype | None = None) -> Step:
+    """Forward, backward and one AdamW step of `spec`'s model through `path`; with `autocast`
+    (``torch.bfloat16``) the forward runs under CPU autocast to that dtype."""
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
     model, batch = build(spec, seed)
@@ -235,8 +236,10 @@ def train_step(spec: Spec, path: str, seed: int = 0) -> Step:
     if path == "compile":
         torch._dynamo.reset()
         runner = torch.compile(model, backend="tpu_kernels")
+    cast = torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
     with _context(path):
-        loss = spec.loss(runner, batch)
+        with cast:
+            loss = spec.loss(runner, batch)
         loss.backward()
         opt.step()
         loss = loss.detach().clone()
