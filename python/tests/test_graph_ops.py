@@ -151,6 +151,11 @@ CASES = {
     "cumsum": (lambda x: a.cumsum(x, 1), [randn(3, 37)]),
     "cumsum_int_to_i64": (lambda x: a.cumsum(x, 0), [randint(0, 9, 5, 2).to(torch.int32)]),
     "cumsum_bool": (lambda x: a.cumsum(x, -1), [randn(2, 9) > 0]),
+    "group_norm": (
+        lambda x, w, bb: a.native_group_norm(x, w, bb, 2, 6, 12, 3, 1e-5),
+        [randn(2, 6, 3, 4) * 3 + 1, randn(6), randn(6)],
+    ),
+    "group_norm_no_affine": (lambda x: a.native_group_norm(x, None, None, 3, 4, 5, 2, 1e-3), [randn(3, 4, 5)]),
     "any_dim": (lambda x: a.any.dim(x, 1), [randn(3, 4) > 1.0]),
     "any_dims_keepdim": (lambda x: a.any.dims(x, [0, 2], True), [randint(0, 2, 2, 3, 4)]),
     "any_all_float": (lambda x: a.any(x), [torch.tensor([[0.0, 0.0], [0.0, -2.0]])]),

@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
+pytest.importorskip("diffusers")
 
 import zoo  # noqa: E402
 from tpu_kernels.testing import no_fallbacks  # noqa: E402
@@ -43,16 +44,21 @@ LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {
         "aten::max_pool2d_with_indices.default": "no lowering yet",
         "aten::max_pool2d_with_indices_backward.default": "no lowering yet",
     },
+    "unet": {
+        "aten::convolution.default": "no lowering yet",
+        "aten::convolution_backward.default": "no lowering yet",
+    },
     "dlrm": {
         "aten::_embedding_bag.default": "no lowering yet",
         "aten::_embedding_bag_backward.default": "no lowering yet",
     },
 }
 
-# Eager paths a model cannot take yet, with why (each a gap the report names).
+# Eager paths a model cannot take yet, with why: the test checks that they still fail that way.
 NOT_YET: dict[tuple[str, str], str] = {
     ("mixtral", "debug"): "the experts' silu reads a chunk of the gate/up projection, a strided "
     "view the silu kernel declines, and debug mode raises on any fallback of an op with kernels",
+    ("unet", "debug"): "silu reads a strided view (as in mixtral), which debug mode raises on",
 }
 
 # Models none of whose ops a kernel binds (DLRM: embedding bags, addmm, relu, bmm, BCE): the
@@ -60,12 +66,11 @@ NOT_YET: dict[tuple[str, str], str] = {
 NO_EAGER_KERNELS = {"dlrm"}
 
 TOL = {"rtol": 1e-4, "atol": 1e-5}
-# After the AdamW step (lr 1e-3): Adam's update is about lr times the gradient's sign, so a
-# gradient within TOL of 0 may move its parameter by up to 2 lr one way or the other in exact
-# arithmetic. A tenth of lr still catches a step that did not happen or went wrong.
-STEP_TOL = {"rtol": 1e-4, "atol": 1e-4}
-
-
+# After the AdamW step: Adam's first update is lr * g / (|g| + eps), the gradient's sign times lr
+# wherever |g| >> eps. Where the reference gradient is more than twice the gradient tolerance from
+# 0 both gradients share its sign, and the parameters must agree to float rounding; elsewhere
+# they may differ by up to 2 lr, no more.
+LR = zoo.LR
 @pytest.fixture(scope="module")
 def references():
     return {}
@@ -82,15 +87,26 @@ def _compare(got: zoo.Step, ref: zoo.Step, what: str) -> None:
     assert got.grads.keys() == ref.grads.keys(), f"{what}: gradients for other parameters"
     for k in ref.grads:
         torch.testing.assert_close(got.grads[k], ref.grads[k], **TOL, msg=lambda m, k=k: f"{what}: grad {k}: {m}")
-    for k in ref.params:
-        torch.testing.assert_close(got.params[k], ref.params[k], **STEP_TOL, msg=lambda m, k=k: f"{what}: {k} after the step: {m}")
+    for k, r in ref.params.items():
+        g = ref.grads.get(k)
+        sure = torch.ones_like(r, dtype=torch.bool) if g is None else g.abs() > 2 * TOL["atol"]
+        torch.testing.assert_close(
+            got.params[k][sure], r[sure], rtol=1e-5, atol=1e-6, msg=lambda m, k=k: f"{what}: {k} after the step: {m}"
+        )
+        worst = float((got.params[k] - r).abs().max()) if r.numel() else 0.0
+        assert worst <= 2 * LR + 1e-6, f"{what}: {k} after the step: off by {worst:.3g}, more than 2 lr"
 
 
 @pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile"])
 @pytest.mark.parametrize("name", list(zoo.SPECS))
 def test_zoo_model_trains_a_step(references, name, path):
     if (name, path) in NOT_YET:
-        pytest.skip(f"{name} in {path}: {NOT_YET[(name, path)]}")
+        # The gap, as it stands: this fails once it is closed, and the entry goes.
+        from tpu_kernels.torch import SubstitutionError
+
+        with pytest.raises(SubstitutionError, match=r"aten::silu\.default.*not contiguous"):
+            zoo.train_step(zoo.SPECS[name], path)
+        return
     ref = _reference(references, name)
     spec = zoo.SPECS[name]
     if path == "compile":

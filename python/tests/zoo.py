@@ -1,5 +1,5 @@
-"""The model zoo: small random-weight models (transformers architectures from small configs, no
-downloads; a DLRM-style recommender built from torch.nn) and one training step of each, run
+"""The model zoo: small random-weight models (transformers architectures from small configs, a
+diffusers UNet, no downloads; a DLRM-style recommender built from torch.nn) and one training step of each, run
 through every path the project offers and compared with plain eager PyTorch.
 
 A model is a `Spec`: a builder giving a fresh model for a seed (dropout off, so every path
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 PATHS = ("eager", "strict", "debug", "fused", "compile")
 VOCAB = 128
+LR = 1e-3  # AdamW's learning rate
 SEQ = 16
 BATCH = 2
 
@@ -140,6 +141,29 @@ def _resnet() -> torch.nn.Module:
     return transformers.ResNetForImageClassification(config)
 
 
+def _unet() -> torch.nn.Module:
+    import diffusers
+
+    return diffusers.UNet2DModel(
+        sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+        block_out_channels=(16, 32), down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+        up_block_types=("AttnUpBlock2D", "UpBlock2D"), norm_num_groups=8,
+    )
+
+
+def _noisy(g: torch.Generator) -> dict[str, Any]:
+    return {
+        "sample": torch.randn(BATCH, 3, 16, 16, generator=g),
+        "timestep": torch.randint(0, 1000, (BATCH,), generator=g),
+        "noise": torch.randn(BATCH, 3, 16, 16, generator=g),
+    }
+
+
+def _unet_loss(model: torch.nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    """The denoising objective: the predicted noise against the noise."""
+    return F.mse_loss(model(batch["sample"], batch["timestep"]).sample, batch["noise"])
+
+
 class DLRM(torch.nn.Module):
     """DLRM as its paper defines it: a bottom MLP over dense features, one embedding bag per
     sparse feature, the pairwise dot products of those vectors, and a top MLP to one logit."""
@@ -195,6 +219,7 @@ SPECS: dict[str, Spec] = {
         Spec("vit", _vit, _images, _hf_loss, "vision transformer"),
         Spec("resnet", _resnet, _images, _hf_loss, "convnet, batch norm"),
         Spec("dlrm", DLRM, _dlrm_batch, _dlrm_loss, "recommender, embedding bags"),
+        Spec("unet", _unet, _noisy, _unet_loss, "diffusers UNet2DModel: convolutions, group norm, attention"),
     ]
 }
 
@@ -231,7 +256,7 @@ def train_step(spec: Spec, path: str, seed: int = 0, autocast: torch.dtype | Non
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
     model, batch = build(spec, seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
     runner: Any = model
     if path == "compile":
         torch._dynamo.reset()

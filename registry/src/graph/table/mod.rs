@@ -210,6 +210,7 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::any.dims", reduce::any),
     ("aten::any.default", reduce::any),
     ("aten::cumsum.default", reduce::cumsum),
+    ("aten::native_group_norm.default", reduce::group_norm),
     // shapes
     ("aten::view.default", shape::view),
     ("aten::_unsafe_view.default", shape::view),

@@ -1,6 +1,6 @@
 //! Reductions.
 
-use tpu_kernels::ir::{BinaryOp, Direction};
+use tpu_kernels::ir::{BinaryOp, Direction, UnaryOp};
 use tpu_kernels::{DType, Dim, KernelBuilder, Shape, Tensor};
 
 use super::{Cx, R, Scalar, acc_type, axis, bad, convert, dims_of, one, scalar_const, splat};
@@ -301,4 +301,65 @@ pub(super) fn cumsum<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         shift *= 2;
     }
     one(convert(cx.b, y, out)?)
+}
+
+/// `native_group_norm(input, weight, bias, N, C, HxW, group, eps)`: `(out, mean, rstd)`, the
+/// statistics `[N, group]` over each group's channels and positions (biased variance, in f32 for
+/// 16-bit inputs), the affine per channel.
+pub(super) fn group_norm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "input")?;
+    let weight = cx.opt_tensor(1, "weight")?;
+    let bias = cx.opt_tensor(2, "bias")?;
+    let (n, c, hw, g) = (cx.int(3, "N")?, cx.int(4, "C")?, cx.int(5, "HxW")?, cx.int(6, "group")?);
+    let eps = cx.opt_float(7, "eps")?.unwrap_or(1e-5);
+    if !x.dtype().is_float() {
+        return bad(format!("group_norm needs a float type, got {}", x.ty()));
+    }
+    let have = dims_of(x)?;
+    let numel: u64 = have.iter().product();
+    if g <= 0
+        || n < 0
+        || c % g != 0
+        || (n * c * hw) as u64 != numel
+        || have.get(1) != Some(&(c as u64))
+    {
+        return bad(format!("group_norm: N={n}, C={c}, HxW={hw}, group={g} do not fit {}", x.ty()));
+    }
+    let (n, c, hw, g) = (n as u64, c as u64, hw as u64, g as u64);
+    let acc = acc_type(x.dtype());
+    let xa = convert(b, x, acc)?;
+    let grouped = b.reshape(xa, Shape::of(&[n, g, (c / g) * hw]))?;
+    let count = scalar_const(b, acc, Scalar::Float(((c / g) * hw).max(1) as f64))?;
+    let s = reduce(b, grouped, BinaryOp::Add, Scalar::Int(0), &[2], true)?;
+    let mean = b.binary(BinaryOp::Divide, s, count)?;
+    let centered =
+        b.binary(BinaryOp::Subtract, grouped, b.broadcast_to(mean, &grouped.shape())?)?;
+    let sq = b.binary(BinaryOp::Multiply, centered, centered)?;
+    let var = b.binary(
+        BinaryOp::Divide,
+        reduce(b, sq, BinaryOp::Add, Scalar::Int(0), &[2], true)?,
+        count,
+    )?;
+    let eps = scalar_const(b, acc, Scalar::Float(eps))?;
+    let rstd = b.unary(UnaryOp::Rsqrt, b.binary(BinaryOp::Add, var, eps)?)?;
+    let normed = b.binary(BinaryOp::Multiply, centered, b.broadcast_to(rstd, &grouped.shape())?)?;
+    let mut out = b.reshape(normed, x.shape())?;
+    let full = out.ty();
+    let per_channel = |t: Tensor<'b>| -> R<Tensor<'b>> {
+        let t = convert(b, t, acc)?;
+        Ok(b.broadcast_in_dim(t, full.clone(), &[1])?)
+    };
+    if let Some(w) = weight {
+        out = b.binary(BinaryOp::Multiply, out, per_channel(w)?)?;
+    }
+    if let Some(bb) = bias {
+        out = b.binary(BinaryOp::Add, out, per_channel(bb)?)?;
+    }
+    let stats = Shape::of(&[n, g]);
+    Ok(vec![
+        convert(b, out, x.dtype())?,
+        convert(b, b.reshape(mean, stats.clone())?, x.dtype())?,
+        convert(b, b.reshape(rstd, stats)?, x.dtype())?,
+    ])
 }
