@@ -43,6 +43,9 @@ LOGITS = randn(6, 5)
 TARGET = torch.tensor([0, 4, -100, 2, 2, 1])
 WEIGHT = torch.rand(5, generator=g) + 0.5
 
+# What PyTorch's CPU `_embedding_bag` gives besides the sums in sum mode, for 3 bags.
+EMPTY_BAG_BOOKKEEPING = [torch.zeros(0, dtype=torch.long), torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long)]
+
 CASES = {
     # softmax family
     "softmax": (lambda x: a._softmax(x, 1, False), [X]),
@@ -151,6 +154,14 @@ CASES = {
     "cumsum": (lambda x: a.cumsum(x, 1), [randn(3, 37)]),
     "cumsum_int_to_i64": (lambda x: a.cumsum(x, 0), [randint(0, 9, 5, 2).to(torch.int32)]),
     "cumsum_bool": (lambda x: a.cumsum(x, -1), [randn(2, 9) > 0]),
+    "embedding_bag_sum": (
+        lambda w, i, o: a._embedding_bag(w, i, o, False, 0),
+        [randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3]), torch.tensor([0, 2, 2])],
+    ),
+    "embedding_bag_backward": (
+        lambda g, i, o, o2b, size, mx: a._embedding_bag_backward(g, i, o, o2b, size, mx, 10, False, 0, False, None),
+        [randn(3, 2), torch.tensor([1, 2, 4, 5, 4, 3, 1]), torch.tensor([0, 2, 2]), *EMPTY_BAG_BOOKKEEPING],
+    ),
     "group_norm": (
         lambda x, w, bb: a.native_group_norm(x, w, bb, 2, 6, 12, 3, 1e-5),
         [randn(2, 6, 3, 4) * 3 + 1, randn(6), randn(6)],

@@ -48,10 +48,6 @@ LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {
         "aten::convolution.default": "no lowering yet",
         "aten::convolution_backward.default": "no lowering yet",
     },
-    "dlrm": {
-        "aten::_embedding_bag.default": "no lowering yet",
-        "aten::_embedding_bag_backward.default": "no lowering yet",
-    },
 }
 
 # Eager paths a model cannot take yet, with why: the test checks that they still fail that way.

@@ -237,6 +237,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     // indexing
     ("aten::embedding.default", nn::embedding),
     ("aten::embedding_dense_backward.default", nn::embedding_dense_backward),
+    ("aten::_embedding_bag.default", nn::embedding_bag),
+    ("aten::_embedding_bag_backward.default", nn::embedding_bag_backward),
     ("aten::index.Tensor", nn::index),
     ("aten::index_put.default", nn::index_put),
     ("aten::gather.default", nn::gather),

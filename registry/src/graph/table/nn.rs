@@ -866,3 +866,142 @@ pub(super) fn sdpa_flash_cpu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let dk = b.binary(BinaryOp::Multiply, dot(b, ds, a.q, batched(n, n, n), None)?, scale)?;
     Ok(vec![convert(b, dq, a.dtype)?, convert(b, dk, a.dtype)?, convert(b, dv, a.dtype)?])
 }
+
+// ----- embedding bags -----
+
+/// The bag of each index, `[N]`: how many bag starts (the first `bags` offsets) are at or before
+/// its position, less one.
+fn bag_of<'b>(b: &'b KernelBuilder, offsets: Tensor<'b>, n: u64, bags: u64) -> R<Tensor<'b>> {
+    let offsets = convert(b, offsets, DType::I64)?;
+    let starts = if dims_of(offsets)?[0] == bags {
+        offsets
+    } else {
+        b.slice(offsets, &[0], &[bags as i64], &[1])?
+    };
+    let grid = TensorType::new(DType::I64, Shape::of(&[n, bags]));
+    let pos = b.iota(grid.clone(), 0)?;
+    let starts = b.broadcast_in_dim(starts, grid, &[1])?;
+    let started = convert(b, b.compare(Direction::Ge, pos, starts)?, DType::I64)?;
+    let count = reduce(b, started, BinaryOp::Add, Scalar::Int(0), &[1], false)?;
+    Ok(b.binary(BinaryOp::Subtract, count, scalar_const(b, DType::I64, Scalar::Int(1))?)?)
+}
+
+/// The arguments both embedding-bag ops share, checked: `(indices, offsets, bags, keep)` with
+/// `keep` (`[N]` bool) false at `padding_idx`.
+fn bag_inputs<'b>(
+    cx: &Cx<'_, 'b>,
+    indices: Tensor<'b>,
+    offsets: Tensor<'b>,
+    include_last: bool,
+    padding_idx: i64,
+) -> R<(u64, Tensor<'b>)> {
+    index_tensor(indices, "indices")?;
+    index_tensor(offsets, "offsets")?;
+    rank_is(indices, 1, "indices")?;
+    rank_is(offsets, 1, "offsets")?;
+    let n_off = dims_of(offsets)?[0];
+    let bags = if include_last { n_off.saturating_sub(1) } else { n_off };
+    let pad = scalar_const(cx.b, indices.dtype(), Scalar::Int(padding_idx))?;
+    let keep = cx.b.compare(Direction::Ne, indices, pad)?;
+    Ok((bags, keep))
+}
+
+/// `_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+/// include_last_offset, padding_idx)` in sum mode: `(output, offset2bag, bag_size, max_indices)`,
+/// the sums `[B, D]` of each bag's rows by a bag one-hot's dot, and the bookkeeping outputs as
+/// PyTorch's CPU kernel gives them in sum mode (an empty `offset2bag`, zeros). With a
+/// `padding_idx` or `include_last_offset` that kernel fills them in instead: not lowered.
+pub(super) fn embedding_bag<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (w, indices, offsets) =
+        (cx.tensor(0, "weight")?, cx.tensor(1, "indices")?, cx.tensor(2, "offsets")?);
+    rank_is(w, 2, "weight")?;
+    if cx.int_or(4, "mode", 0)? != 0 {
+        return bad("only sum mode (mode=0) embedding bags are lowered");
+    }
+    if cx.opt_tensor(6, "per_sample_weights")?.is_some() {
+        return bad("per_sample_weights are not lowered");
+    }
+    let include_last = cx.bool_or(7, "include_last_offset", false)?;
+    let padding_idx = cx.int_or(8, "padding_idx", -1)?;
+    if include_last || padding_idx >= 0 {
+        // PyTorch's CPU kernel then fills offset2bag and bag_size, which this lowering does not.
+        return bad("embedding bags with include_last_offset or a padding_idx are not lowered");
+    }
+    let (bags, keep) = bag_inputs(cx, indices, offsets, include_last, padding_idx)?;
+    let n = dims_of(indices)?[0];
+    let rows = take_rows(b, w, indices)?;
+    let zero_rows = splat(b, rows.ty(), Scalar::Int(0))?;
+    let keep_rows = b.broadcast_in_dim(keep, rows.ty().with_dtype(DType::Bool), &[0])?;
+    let rows = b.select(keep_rows, rows, zero_rows)?;
+    let bag = bag_of(b, offsets, n, bags)?;
+    let member = convert(b, one_hot(b, bag, bags)?, dot_type(w.dtype()))?;
+    let contract = DotDims {
+        lhs_batch: vec![],
+        rhs_batch: vec![],
+        lhs_contracting: vec![0],
+        rhs_contracting: vec![0],
+    };
+    let out = dot(b, member, convert(b, rows, dot_type(w.dtype()))?, contract, HIGHEST)?;
+    let zeros = |len: u64| splat(b, TensorType::new(DType::I64, Shape::of(&[len])), Scalar::Int(0));
+    // PyTorch's CPU kernel returns an empty offset2bag and zeros [B] on its fast path, each
+    // index's bag and an empty max_indices otherwise (autograd may take either): the node's
+    // declared types say which. Sum mode's backward reads none of them.
+    let declared = |k: usize, default: u64| {
+        cx.node
+            .outputs
+            .get(k)
+            .and_then(|t| t.shape.dims().first().and_then(|d| d.as_static()))
+            .unwrap_or(default)
+    };
+    let offset2bag = if declared(1, 0) == n && n > 0 { bag } else { zeros(declared(1, 0))? };
+    Ok(vec![
+        convert(b, out, w.dtype())?,
+        offset2bag,
+        zeros(declared(2, bags))?,
+        zeros(declared(3, bags))?,
+    ])
+}
+
+/// `_embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, max_indices,
+/// num_weights, scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx)` in sum mode
+/// without a `padding_idx`: each index's bag gradient added to its weight row, dense.
+pub(super) fn embedding_bag_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (g, indices, offsets) =
+        (cx.tensor(0, "grad")?, cx.tensor(1, "indices")?, cx.tensor(2, "offsets")?);
+    rank_is(g, 2, "grad")?;
+    let num = cx.int(6, "num_weights")?;
+    if cx.bool_or(7, "scale_grad_by_freq", false)? {
+        return bad("scale_grad_by_freq=True is not lowered");
+    }
+    if cx.int_or(8, "mode", 0)? != 0 {
+        return bad("only sum mode (mode=0) embedding bags are lowered");
+    }
+    if cx.bool_or(9, "sparse", false)? {
+        return bad("sparse gradients are not lowered");
+    }
+    if cx.opt_tensor(10, "per_sample_weights")?.is_some() {
+        return bad("per_sample_weights are not lowered");
+    }
+    if num < 0 {
+        return bad(format!("num_weights {num} is negative"));
+    }
+    let padding_idx = cx.int_or(11, "padding_idx", -1)?;
+    if padding_idx >= 0 {
+        return bad("embedding bags with a padding_idx are not lowered");
+    }
+    let bags = dims_of(g)?[0];
+    let n_off = dims_of(offsets)?[0];
+    let include_last = n_off == bags + 1;
+    let (bags, keep) = bag_inputs(cx, indices, offsets, include_last, padding_idx)?;
+    let n = dims_of(indices)?[0];
+    let bag = bag_of(b, offsets, n, bags)?;
+    let per_index = take_rows(b, g, bag)?;
+    let zero_rows = splat(b, per_index.ty(), Scalar::Int(0))?;
+    let keep_rows = b.broadcast_in_dim(keep, per_index.ty().with_dtype(DType::Bool), &[0])?;
+    let per_index = b.select(keep_rows, per_index, zero_rows)?;
+    let d = dims_of(g)?[1];
+    let zeros = splat(b, TensorType::new(g.dtype(), Shape::of(&[num as u64, d])), Scalar::Int(0))?;
+    one(put_rows(b, zeros, indices, per_index, true)?)
+}
