@@ -43,3 +43,17 @@ def test_the_tiled_bench_output_becomes_its_two_tables():
     assert compile_rows == [["tiled_rms_norm", "80.9", "86.9", "f32_8x128-f32_128-eps=1e-6"]]
     assert "twin vs the StableHLO kernel" in twin_caption
     assert twin_rows == [["tiled_rms_norm", "rms_norm", "17.0", "17.1", "1.00", "f32_8x128-f32_128-eps=1e-6"]]
+
+
+def test_a_markdown_bench_is_kept_whole_below_the_runs_heading():
+    """The Pallas and zoo benches print Markdown: kept as printed, headings demoted under the
+    run's own `###`; output without a table is left unparsed (the report shows its tail)."""
+    bm = _tool()
+    stdout = "## Zoo: one step\n\nnotes\n\n| model | eager |\n|---|---:|\n| gpt2 | 4.4 |\n\n### detail\n"
+    run = bm.Run("zoo", [], stdout=stdout)
+    bm.parse_markdown(run)
+    assert run.markdown[0] == "#### Zoo: one step" and "##### detail" in run.markdown
+    assert "| gpt2 | 4.4 |" in run.markdown and run.tables == [("zoo", [], [])]
+    empty = bm.Run("zoo", [], stdout="Traceback (most recent call last):\n  boom\n")
+    bm.parse_markdown(empty)
+    assert empty.markdown == [] and empty.tables == []

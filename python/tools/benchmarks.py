@@ -798,17 +798,17 @@ def parse_import_timing(run: Run) -> None:
         run.tables.append(("flash attention import, step by step (ms)", header, rows))
 
 
-BENCHES = ("emit", "pjrt", "registry", "cache", "tiled", "pallas", "torch", "import")
+BENCHES = ("emit", "pjrt", "registry", "cache", "tiled", "pallas", "zoo", "torch", "import")
 
 
-def parse_pallas(run: Run) -> None:
-    """`pallas_compare.py` prints its section as Markdown: kept whole, its headings one level
-    below the run's own."""
+def parse_markdown(run: Run) -> None:
+    """A benchmark that prints its section as Markdown (`pallas_compare.py`, `bench_zoo.py`):
+    kept whole, its headings two levels below the run's own."""
     lines = run.stdout.splitlines()
-    if not any(line.startswith("### ") for line in lines):
+    if not any(line.startswith("| ") for line in lines):
         return
-    run.markdown = ["#" + line if line.startswith("#") else line for line in lines]
-    run.tables.append(("Pallas side by side", [], []))  # parsed: the Markdown is the table
+    run.markdown = ["##" + line if line.startswith("#") else line for line in lines]
+    run.tables.append((run.title, [], []))  # parsed: the Markdown is the table
 
 
 def existing_benches(python: str, timeout: float, quick_torch: bool, only: set[str] | None = None) -> list[Run]:
@@ -836,7 +836,15 @@ def existing_benches(python: str, timeout: float, quick_torch: bool, only: set[s
                 [python, "python/tools/pallas_compare.py"],
                 "pallas",
             ),
-            [parse_pallas],
+            [parse_markdown],
+        ),
+        (
+            Run(
+                "zoo: one training step per model in eager, Inductor, tpu_kernels, strict and fused",
+                [python, "python/tools/bench_zoo.py"],
+                "zoo",
+            ),
+            [parse_markdown],
         ),
         (
             Run("cache: warm start vs cold compile", [*cb, "-p", "tpu-kernels-registry", "--bench", "cache", "--", *CRITERION_ARGS], "cache"),

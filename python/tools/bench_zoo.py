@@ -1,0 +1,153 @@
+"""One training step of each zoo model (python/tests/zoo.py) timed in every path, side by side in
+one run: plain eager, Inductor (`torch.compile`), the compiled tpu_kernels path (split into host
+time and PJRT program time), and the strict and fused eager modes. Prints a Markdown section.
+
+    # after eval "$(scripts/dev env)"
+    python python/tools/bench_zoo.py                       # every model
+    python python/tools/bench_zoo.py --models llama,gpt2 --steps 5
+
+A step is forward, backward and one AdamW step (foreach=False) on the model's batch; each path
+gets a fresh model from the same seed, `--warmup` untimed steps (compiles happen there), then
+`--steps` timed ones; the median is reported. Program time is what the extension measures
+around each compiled program's run (`report().graphs["run_time_s"]`: uploads, execution,
+outputs); host time is the rest of the compiled step (Dynamo's guards, AOT's wrappers, argument
+and output handling, the optimizer step in eager PyTorch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python" / "tests"))
+
+PATHS = ("eager", "inductor", "tpu_kernels", "strict", "fused")
+
+
+def _step_fn(spec, path: str):
+    """A fresh model and a function running one training step on it through `path`."""
+    import torch
+
+    import zoo
+
+    model, batch = zoo.build(spec)
+    opt = torch.optim.AdamW(model.parameters(), lr=zoo.LR, foreach=False)
+    runner = model
+    if path in ("inductor", "tpu_kernels"):
+        torch._dynamo.reset()
+        runner = torch.compile(model, backend="inductor" if path == "inductor" else "tpu_kernels")
+    mode = None
+    if path in ("strict", "fused"):
+        from tpu_kernels.torch import substitute
+
+        mode = path
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        if mode is None:
+            loss = spec.loss(runner, batch)
+            loss.backward()
+            opt.step()
+        else:
+            from tpu_kernels.torch import substitute
+
+            with substitute(mode):
+                loss = spec.loss(runner, batch)
+                loss.backward()
+                opt.step()
+                float(loss)  # a materialisation point: the fused step's programs run here
+
+    return step
+
+
+def _program_seconds() -> float:
+    from tpu_kernels.torch import report
+
+    return float(report().graphs.get("run_time_s", 0.0))
+
+
+def measure(spec, path: str, warmup: int, steps: int) -> dict[str, float]:
+    step = _step_fn(spec, path)
+    for _ in range(warmup):
+        step()
+    times, programs = [], []
+    for _ in range(steps):
+        p0 = _program_seconds()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+        programs.append(_program_seconds() - p0)
+    i = times.index(statistics.median_low(times))
+    return {"step": times[i], "program": programs[i]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    warnings.filterwarnings("ignore")
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", help="comma-separated zoo models (default: all)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per path (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    import zoo
+
+    torch.manual_seed(0)
+    names = args.models.split(",") if args.models else list(zoo.SPECS)
+    unknown = [n for n in names if n not in zoo.SPECS]
+    if unknown:
+        p.error(f"unknown models {unknown}; known: {', '.join(zoo.SPECS)}")
+    rows = []
+    start = time.perf_counter()
+    for name in names:
+        spec = zoo.SPECS[name]
+        got: dict[str, dict[str, float] | str] = {}
+        for path in PATHS:
+            t = time.perf_counter()
+            try:
+                got[path] = measure(spec, path, args.warmup, args.steps)
+            except Exception as e:  # a path that fails is a cell with its error, not a crash
+                got[path] = f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"
+            print(f"[bench_zoo {time.perf_counter() - start:6.1f}s] {name} {path} ({time.perf_counter() - t:.1f} s)",
+                  file=sys.stderr, flush=True)
+        rows.append((name, spec.family, got))
+
+    def ms(v) -> str:
+        return f"{v['step'] * 1e3:.1f}" if isinstance(v, dict) else f"failed: {v}"
+
+    def ratio(v, base) -> str:
+        if isinstance(v, dict) and isinstance(base, dict) and base["step"] > 0:
+            return f"{v['step'] / base['step']:.2f}"
+        return "n/a"
+
+    print("## Zoo: one training step per path (ms, median)")
+    print()
+    print(f"{args.steps} timed steps after {args.warmup} untimed ones, each path on a fresh model from the same "
+          "seed; forward, backward and an AdamW step. tpu_kernels = `torch.compile(backend=\"tpu_kernels\")`, its "
+          "program time measured around each compiled program's run, host time the rest of the step.")
+    print()
+    print("| model | kind | eager | Inductor | tpu_kernels | of which program | of which host | tpu_kernels / Inductor "
+          "| strict | fused | fused / strict |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, family, got in rows:
+        tk = got["tpu_kernels"]
+        prog = f"{tk['program'] * 1e3:.1f}" if isinstance(tk, dict) else "n/a"
+        host = f"{(tk['step'] - tk['program']) * 1e3:.1f}" if isinstance(tk, dict) else "n/a"
+        print(f"| {name} | {family} | {ms(got['eager'])} | {ms(got['inductor'])} | {ms(tk)} | {prog} | {host} | "
+              f"{ratio(tk, got['inductor'])} | {ms(got['strict'])} | {ms(got['fused'])} | "
+              f"{ratio(got['fused'], got['strict'])} |")
+    print()
+    print(f"Run time {time.perf_counter() - start:.0f} s.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
