@@ -225,3 +225,77 @@ def test_imported_op_runs_under_torch_compile(cleanup, backend, signature):
     with no_fallbacks(kernels=["imp_softsign_sum"], programs=1 if backend == "tpu_kernels" else 0):
         got = compiled(x)
     torch.testing.assert_close(got, _softsign_sum_ref(torch.sin(x), 3.0) + 1.0, atol=1e-5, rtol=1e-5)
+
+
+# ----- an imported kernel's gradient: its VJP imported beside it -----
+
+
+@pytest.mark.parametrize("signature", ["f32[8,128]", "f32[B,128]"], ids=["static", "symbolic"])
+def test_backward_imports_the_vjp_and_trains_eager_and_compiled(cleanup, signature):
+    """`backward=True`: the function's VJP is kernel `<name>_backward`, the op's gradient; a
+    training step through the op runs both kernels, eagerly and under torch.compile (forward and
+    backward programs), and the gradients are the function's."""
+
+    def gated(x, w, *, slope: float):
+        return jnp.tanh(x * w) + slope * x
+
+    k = tk.register_jax(gated, name="imp_gated", op="imp::gated", statics={"slope": 0.25},
+                        signatures=[f"{signature}, f32[128]"],
+                        backward=True)
+    assert tk.kernel("imp_gated_backward")["ops"] == ["imp::gated_backward.default"]
+
+    def loss(x, w):
+        return (torch.ops.imp.gated(x, w, slope=0.5) ** 2).sum()
+
+    x = torch.randn(8, 128, requires_grad=True)
+    w = torch.randn(128, requires_grad=True)
+    ref_x, ref_w = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+    ((torch.tanh(ref_x * ref_w) + 0.5 * ref_x) ** 2).sum().backward()
+    with no_fallbacks(kernels=["imp_gated", "imp_gated_backward"]):
+        loss(x, w).backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, ref_w.grad, rtol=1e-5, atol=1e-4)
+    x.grad = w.grad = None
+    torch._dynamo.reset()
+    with no_fallbacks(kernels=["imp_gated", "imp_gated_backward"], programs=2):
+        torch.compile(loss, backend="tpu_kernels", fullgraph=True)(x, w).backward()
+    torch.testing.assert_close(x.grad, ref_x.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.grad, ref_w.grad, rtol=1e-5, atol=1e-4)
+    assert k.name == "imp_gated"
+
+
+def test_backward_is_refused_for_an_aten_op(cleanup):
+    with pytest.raises(tk.RegistrationError, match="backward=True gives a new op its gradient"):
+        tk.register_jax(jax.nn.silu, name="imp_silu_bwd", op="aten::silu", signatures=["f32[8,128]"], backward=True)
+    assert "imp_silu_bwd" not in {k["name"] for k in tk.kernels()}
+
+
+def test_pallas_flash_attention_trains_under_torch_compile(cleanup):
+    """jax's Pallas TPU flash attention, imported with its gradient (its custom_vjp: the dkv and
+    dq kernels), runs forward and backward inside compiled programs (Pallas interpret mode on
+    the CPU), and its gradients match SDPA's."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    blocks = fa.BlockSizes(
+        block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128, block_k_major_dkv=128,
+        block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128, block_k_dq=128, block_q_dq=128,
+    )
+
+    def attention(q, k, v):
+        return fa.flash_attention(q, k, v, causal=True, sm_scale=0.125, block_sizes=blocks)
+
+    sig = "f32[1,2,128,64]"
+    tk.register_jax(attention, name="pallas_flash", op="imp::pallas_flash", signatures=[f"{sig}, {sig}, {sig}"],
+                    backward=True)
+
+    def loss(q, k, v):
+        return (torch.ops.imp.pallas_flash(q, k, v) ** 2).sum()
+
+    qkv = [torch.randn(1, 2, 128, 64, requires_grad=True) for _ in range(3)]
+    ref = [t.detach().clone().requires_grad_() for t in qkv]
+    (torch.nn.functional.scaled_dot_product_attention(*ref, is_causal=True, scale=0.125) ** 2).sum().backward()
+    torch._dynamo.reset()
+    with no_fallbacks(kernels=["pallas_flash", "pallas_flash_backward"], programs=2):
+        torch.compile(loss, backend="tpu_kernels", fullgraph=True)(*qkv).backward()
+    for got, want in zip(qkv, ref):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-4)

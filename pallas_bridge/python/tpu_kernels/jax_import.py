@@ -518,10 +518,16 @@ def register_jax(
     topology: str = DEFAULT_TOPOLOGY,
     doc: str | None = None,
     define_op: bool = True,
+    backward: bool = False,
 ) -> ImportedKernel:
     """Exports `fn` (jnp code or a ``pallas_call``) for TPU and CPU, validates both variants and
     registers them as one kernel for `op` (an ATen overload it replaces, ``aten::gelu``, or a new
     op it defines, ``mylib::op``). See the module documentation for the checks.
+
+    `backward`: `fn`'s gradient (``jax.vjp``; a Pallas kernel needs its ``custom_vjp``) is
+    imported too, as kernel ``<name>_backward`` for op ``<ns>::<op>_backward`` taking
+    ``(grad, *inputs, **statics)`` at each example signature, and becomes the new op's autograd
+    formula: eager, and under ``torch.compile``, the backward runs as a kernel.
 
     `signatures`: example signatures, each ``"f32[8,128], f32[128]"`` or a sequence of
     ``jax.ShapeDtypeStruct`` / short strings; symbols (``B``) are symbolic dims, with
@@ -626,11 +632,20 @@ def register_jax(
         doc=doc or (inspect.getdoc(fn) or "").split("\n")[0],
         specialiser=specialiser,
     )
+    if backward and (op.startswith("aten::") or not define_op):
+        _native.unregister(name)
+        raise RegistrationError(
+            f"kernel `{name}`: backward=True gives a new op its gradient; `{op}` "
+            + ("is PyTorch's, whose gradient is PyTorch's" if op.startswith("aten::") else "is not defined (define_op=False)")
+        )
     try:
         if define_op and not op.startswith("aten::"):
             from .ops import define_new_op
 
-            define_new_op(op, name, inputs, statics, fn, cpu_bound)
+            outs = _output_specs(jax, bound, sigs[0], constraints, name)
+            define_new_op(op, name, inputs, statics, fn, cpu_bound, n_outputs=len(outs))
+        if backward:
+            _register_backward(jax, fn, name, op, inputs, statics, sigs, constraints, dtypes, topology)
     except Exception:
         _native.unregister(name)
         raise
@@ -650,6 +665,63 @@ def register_jax(
         fn=fn,
         checks=checks,
     )
+
+
+def _output_specs(
+    jax: Any, fn: Callable[..., Any], specs: Sequence[TensorSpec], constraints: Sequence[str], name: str
+) -> list[TensorSpec]:
+    """`fn`'s outputs at `specs` (``jax.eval_shape``: traced, not run), symbols kept."""
+    scope = _symbol_scope(jax, specs, constraints, name)
+    structs = [_struct(jax, s, scope) for s in specs]
+    with pallas_interpret(), _x64([specs]):
+        out = jax.eval_shape(fn, *structs)
+    outs = out if isinstance(out, (tuple, list)) else [out]
+    return [TensorSpec.of(o) for o in outs]
+
+
+def _register_backward(
+    jax: Any,
+    fn: Callable[..., Any],
+    name: str,
+    op: str,
+    inputs: Sequence[str],
+    statics: Mapping[str, Any],
+    sigs: Sequence[Sequence[TensorSpec]],
+    constraints: Sequence[str],
+    dtypes: Sequence[str] | None,
+    topology: str,
+) -> None:
+    """Imports `fn`'s VJP as kernel `<name>_backward` (op `<op>_backward`) and registers it as
+    `op`'s autograd formula; on failure nothing of it stays registered."""
+    from .ops import define_autograd
+
+    def grad_fn(grad: Any, *xs: Any, **values: Any) -> Any:
+        _, vjp = jax.vjp(lambda *a: fn(*a, **values), *xs)
+        return tuple(vjp(grad))
+
+    grad_fn.__signature__ = inspect.Signature(
+        [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ["grad", *inputs]]
+        + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=v) for k, v in statics.items()]
+    )
+    bound = functools.partial(fn, **statics) if statics else fn
+    bsigs = []
+    for specs in sigs:
+        outs = _output_specs(jax, bound, specs, constraints, name)
+        if len(outs) != 1:
+            raise RegistrationError(f"kernel `{name}`: backward=True needs one output, the function has {len(outs)}")
+        bsigs.append(short([outs[0], *specs]))
+    ns, _, rest = op.partition("::")
+    bwd_op = f"{ns}::{rest.partition('.')[0]}_backward"
+    bwd = register_jax(
+        grad_fn, op=bwd_op, name=f"{name}_backward", signatures=bsigs, statics=dict(statics),
+        constraints=constraints, topology=topology, doc=f"the gradient of `{op}` (jax.vjp of kernel `{name}`)",
+        dtypes=dtypes,
+    )
+    try:
+        define_autograd(op, bwd_op, len(inputs), statics)
+    except Exception:
+        _native.unregister(bwd.name)
+        raise
 
 
 def jax_kernel(

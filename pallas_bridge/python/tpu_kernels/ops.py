@@ -70,8 +70,10 @@ def define_new_op(
     statics: Mapping[str, Any],
     fn: Callable[..., Any],
     cpu_fn: Callable[..., Any],
+    n_outputs: int = 1,
 ) -> None:
-    """Defines `op` (``ns::name``) in torch, running kernel `kernel` (falling back to `fn`)."""
+    """Defines `op` (``ns::name``) in torch, running kernel `kernel` (falling back to `fn`), with
+    `n_outputs` tensor results."""
     from .dispatch import dispatch, set_fallback
 
     set_fallback(op, _jax_fallback(cpu_fn if cpu_fn is not None else fn))
@@ -85,7 +87,8 @@ def define_new_op(
         raise RegistrationError(f"kernel `{kernel}`: a new op is defined without an overload, not `{op}`")
     args = [f"Tensor {n}" for n in inputs]
     kw = [f"{_SCHEMA_TYPES[static_kind(v)]} {k}={v!r}" for k, v in statics.items()]
-    schema = f"({', '.join(args + (['*'] + kw if kw else []))}) -> Tensor"
+    rets = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
+    schema = f"({', '.join(args + (['*'] + kw if kw else []))}) -> {rets}"
     key = f"{ns}::{base}.default"
     with _lock:
         if key in _libraries:
@@ -111,17 +114,53 @@ def define_new_op(
                     # No variant of the kernel fits the call (a shape its guards refuse): the op
                     # runs the JAX function there, and these are its types.
                     outs = _jax_output_types(cpu_fn if cpu_fn is not None else fn, tensors, dict(values))
-                if len(outs) != 1:
+                if len(outs) != n_outputs:
                     raise RegistrationError(
-                        f"kernel `{kernel}`: op `{op}` returns one tensor, the kernel {len(outs)}"
+                        f"kernel `{kernel}`: op `{op}` returns {n_outputs} tensor(s), the kernel {len(outs)}"
                     )
-                return outs[0]
+                return outs[0] if n_outputs == 1 else tuple(outs)
 
             torch.library.register_fake(f"{ns}::{base}", fake, lib=lib)
         except Exception as e:
             lib._destroy()
             raise RegistrationError(f"kernel `{kernel}`: cannot define op `{op}` in torch: {e}") from e
         _libraries[key] = lib
+
+
+def define_autograd(op: str, backward_op: str, n_tensors: int, statics: Mapping[str, Any]) -> None:
+    """Gives `op` (defined by :func:`define_new_op`) the gradient `backward_op` computes: called
+    as ``backward_op(grad, *tensor_inputs, **statics)``, one gradient per tensor input."""
+    import torch
+
+    ns, _, rest = op.partition("::")
+    base = rest.partition(".")[0]
+    with _lock:
+        lib = _libraries.get(f"{ns}::{base}.default")
+    if lib is None:
+        raise RegistrationError(f"op `{op}` is not defined by an imported kernel")
+    bns, _, brest = backward_op.partition("::")
+    names = list(statics)
+
+    # The schema takes the tensors positionally and the statics keyword-only: torch hands the
+    # statics to `setup_context` apart and wants gradients for the tensors alone.
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any, keyword_only_inputs: Any = None) -> None:
+        ctx.save_for_backward(*inputs[:n_tensors])
+        given = dict(keyword_only_inputs or {})
+        ctx.statics = {k: given.get(k, v) for k, v in statics.items()}
+
+    def backward(ctx: Any, grad: Any) -> Any:
+        bwd = getattr(getattr(torch.ops, bns), brest.partition(".")[0])
+        grads = bwd(grad.contiguous(), *ctx.saved_tensors, **ctx.statics)
+        return tuple(grads) if isinstance(grads, (tuple, list)) else grads
+
+    if names:
+        def setup(ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: Any, output: Any) -> None:
+            setup_context(ctx, inputs, output, keyword_only_inputs)
+    else:
+        def setup(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+            setup_context(ctx, inputs, output)
+
+    torch.library.register_autograd(f"{ns}::{base}", backward, setup_context=setup, lib=lib)
 
 
 def remove_op(op: str) -> None:
