@@ -642,8 +642,10 @@ def register_jax(
         if define_op and not op.startswith("aten::"):
             from .ops import define_new_op
 
-            outs = _output_specs(jax, bound, sigs[0], constraints, name)
-            define_new_op(op, name, inputs, statics, fn, cpu_bound, n_outputs=len(outs))
+            # The output count from the export itself: tracing again here (eval_shape) would
+            # cost more than the whole registration's parse.
+            n_outputs = len(_native.module_signature(cpu_text)["results"])
+            define_new_op(op, name, inputs, statics, fn, cpu_bound, n_outputs=n_outputs)
         if backward:
             _register_backward(jax, fn, name, op, inputs, statics, sigs, constraints, dtypes, topology)
     except Exception:
