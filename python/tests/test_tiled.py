@@ -202,17 +202,21 @@ def test_eager_strict_runs_the_broadcast_boolean_mask_tiled_attention():
 VOCAB = 4096  # two vocabulary tiles of 2048
 
 
-def _lm_loss(x, ln_w, ln_b, kv, vocab, target):
-    """Layer norm, causal attention with 4 query heads over 2 key/value heads, a projection to
-    the vocabulary and `tpuk::cross_entropy`: a scalar loss."""
+def _lm_logits(x, ln_w, ln_b, kv, vocab):
+    """Layer norm, causal attention with 4 query heads over 2 key/value heads and a projection
+    to the vocabulary: logits `[B * L, VOCAB]`."""
     b, l, d = x.shape
     h = F.layer_norm(x, [d], ln_w, ln_b)
     q = h.view(b, l, 4, d // 4).transpose(1, 2)
     k = (h @ kv[0]).view(b, l, 2, d // 4).transpose(1, 2)
     v = (h @ kv[1]).view(b, l, 2, d // 4).transpose(1, 2)
     a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    logits = a.transpose(1, 2).reshape(b * l, d) @ vocab
-    return torch.ops.tpuk.cross_entropy(logits, target)
+    return a.transpose(1, 2).reshape(b * l, d) @ vocab
+
+
+def _lm_loss(x, ln_w, ln_b, kv, vocab, target):
+    """The head's logits through `tpuk::cross_entropy`: a scalar loss."""
+    return torch.ops.tpuk.cross_entropy(_lm_logits(x, ln_w, ln_b, kv, vocab), target)
 
 
 LM_KERNELS = [
@@ -252,13 +256,7 @@ def _lm_expected(seed):
     losses are the same function."""
 
     def fn(x, ln_w, ln_b, kv, vocab, target):
-        b, l, d = x.shape
-        h = F.layer_norm(x, [d], ln_w, ln_b)
-        q = h.view(b, l, 4, d // 4).transpose(1, 2)
-        k = (h @ kv[0]).view(b, l, 2, d // 4).transpose(1, 2)
-        v = (h @ kv[1]).view(b, l, 2, d // 4).transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return F.cross_entropy(a.transpose(1, 2).reshape(b * l, d) @ vocab, target)
+        return F.cross_entropy(_lm_logits(x, ln_w, ln_b, kv, vocab), target)
 
     return _lm_grads(fn, seed)
 

@@ -137,18 +137,26 @@ fn clamp_index(i: i64, size: i64) -> i64 {
     i.clamp(0, size)
 }
 
-/// `slice(self, dim=0, start=None, end=None, step=1)`.
-pub(super) fn slice<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
-    let x = cx.tensor(0, "self")?;
-    let d = axis(cx.int_or(1, "dim", 0)?, x.rank())?;
-    let have = dims_of(x)?;
-    let size = have[d] as i64;
-    let start = clamp_index(cx.opt_int(2, "start")?.unwrap_or(0), size);
-    let end = clamp_index(cx.opt_int(3, "end")?.unwrap_or(size), size).max(start);
-    let step = cx.int_or(4, "step", 1)?;
+/// The `(dim, start, end, step)` arguments at positions `at..at + 4` of a slice of `x`: the dim
+/// normalised, the bounds clamped as Python's, the step positive.
+fn slice_args(cx: &Cx<'_, '_>, x: Tensor<'_>, at: usize) -> R<(usize, i64, i64, i64)> {
+    let d = axis(cx.int_or(at, "dim", 0)?, x.rank())?;
+    let size = dims_of(x)?[d] as i64;
+    let start = clamp_index(cx.opt_int(at + 1, "start")?.unwrap_or(0), size);
+    let end = clamp_index(cx.opt_int(at + 2, "end")?.unwrap_or(size), size).max(start);
+    let step = cx.int_or(at + 3, "step", 1)?;
     if step < 1 {
         return bad(format!("slice step {step} must be positive"));
     }
+    Ok((d, start, end, step))
+}
+
+/// `slice(self, dim=0, start=None, end=None, step=1)`.
+pub(super) fn slice<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let (d, start, end, step) = slice_args(cx, x, 1)?;
+    let have = dims_of(x)?;
+    let size = have[d] as i64;
     if (start, end, step) == (0, size, 1) {
         return one(x);
     }
@@ -285,15 +293,9 @@ pub(super) fn constant_pad_nd<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 pub(super) fn slice_scatter<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let x = cx.tensor(0, "self")?;
     let src = cx.tensor(1, "src")?;
-    let d = axis(cx.int_or(2, "dim", 0)?, x.rank())?;
+    let (d, start, end, step) = slice_args(cx, x, 2)?;
     let have = dims_of(x)?;
     let size = have[d] as i64;
-    let start = clamp_index(cx.opt_int(3, "start")?.unwrap_or(0), size);
-    let end = clamp_index(cx.opt_int(4, "end")?.unwrap_or(size), size).max(start);
-    let step = cx.int_or(5, "step", 1)?;
-    if step < 1 {
-        return bad(format!("slice_scatter step {step} must be positive"));
-    }
     let n = (end - start + step - 1) / step;
     let mut want = have.clone();
     want[d] = n as u64;
