@@ -1,6 +1,6 @@
 //! Every builder misuse is an error naming the kernel, the op and the types; never a panic.
 
-use tpu_kernels::ir::{BinaryOp, Direction, DotDims, UnaryOp};
+use tpu_kernels::ir::{BinaryOp, ConvDims, ConvWindow, Direction, DotDims, UnaryOp};
 use tpu_kernels::literal::LiteralData;
 use tpu_kernels::{BuildError, DType, Dim, ErrorKind, KernelBuilder, Shape, Tensor, TensorType};
 
@@ -316,6 +316,62 @@ fn dot_general_errors() {
         b.dot_general(x, h, dims(&[], &[], &[2], &[0]), None, None),
         ErrorKind::DType,
         &["tensor<2x8x16xf32>", "tensor<16x4xbf16>"],
+    );
+}
+
+#[test]
+fn convolution_and_reverse_errors() {
+    let b = builder(&[
+        t(DType::F32, &[2, 4, 9, 9]),
+        t(DType::F32, &[6, 2, 3, 3]),
+        t(DType::BF16, &[6, 2, 3, 3]),
+        t(DType::F32, &[6, 2, 3]),
+    ]);
+    let [x, w, h, w1] =
+        [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap(), b.arg(3).unwrap()];
+    let win = |stride: i64, pad: i64| ConvWindow {
+        strides: vec![stride; 2],
+        padding: vec![(pad, pad); 2],
+        lhs_dilation: vec![1; 2],
+        rhs_dilation: vec![1; 2],
+    };
+    let nchw = ConvDims::channels_first(2);
+    // Two groups of two input channels each: [2, 6, 5, 5] with stride 2 and padding 1.
+    let y = b.convolution(x, w, nchw.clone(), win(2, 1), 2, 1).unwrap();
+    assert_eq!(y.ty(), t(DType::F32, &[2, 6, 5, 5]));
+    expect_err(
+        b.convolution(x, w, nchw.clone(), win(1, 0), 1, 1),
+        ErrorKind::Shape,
+        &[
+            "stablehlo.convolution",
+            "input features 4 / feature_group_count 1",
+            "kernel input features 2",
+        ],
+    );
+    expect_err(
+        b.convolution(x, h, nchw.clone(), win(1, 0), 2, 1),
+        ErrorKind::DType,
+        &["tensor<2x4x9x9xf32>", "tensor<6x2x3x3xbf16>"],
+    );
+    expect_err(
+        b.convolution(x, w1, nchw.clone(), win(1, 0), 2, 1),
+        ErrorKind::DimensionNumbers,
+        &["rank 4 operands", "tensor<6x2x3xf32>"],
+    );
+    expect_err(
+        b.convolution(x, w, nchw.clone(), win(0, 0), 2, 1),
+        ErrorKind::DimensionNumbers,
+        &["window stride 0 < 1"],
+    );
+    expect_err(
+        b.convolution(x, w, nchw, win(1, 0), 2, 2),
+        ErrorKind::DimensionNumbers,
+        &["not both > 1"],
+    );
+    expect_err(
+        b.reverse(x, &[1, 4]),
+        ErrorKind::Axis,
+        &["stablehlo.reverse", "reverse dimension 4"],
     );
 }
 

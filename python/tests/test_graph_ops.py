@@ -167,6 +167,58 @@ CASES = {
         [randn(2, 6, 3, 4) * 3 + 1, randn(6), randn(6)],
     ),
     "group_norm_no_affine": (lambda x: a.native_group_norm(x, None, None, 3, 4, 5, 2, 1e-3), [randn(3, 4, 5)]),
+    # convolution: plain, grouped and dilated, 1-d, transposed; gradients of each, masked
+    "conv2d_bias_stride_pad": (
+        lambda x, w, bb: a.convolution(x, w, bb, [2, 2], [1, 1], [1, 1], False, [0, 0], 1),
+        [randn(2, 3, 9, 8), randn(4, 3, 3, 3), randn(4)],
+    ),
+    "conv2d_groups_dilation": (
+        lambda x, w: a.convolution(x, w, None, [1, 2], [2, 0], [2, 1], False, [0, 0], 2),
+        [randn(1, 4, 7, 9), randn(6, 2, 3, 2)],
+    ),
+    "conv1d": (lambda x, w: a.convolution(x, w, None, [3], [0], [1], False, [0], 1), [randn(2, 2, 11), randn(3, 2, 4)]),
+    "conv_transpose2d": (
+        lambda x, w, bb: a.convolution(x, w, bb, [2, 2], [1, 0], [1, 1], True, [1, 0], 2),
+        [randn(2, 4, 5, 4), randn(4, 3, 3, 2), randn(6)],
+    ),
+    "conv2d_backward": (
+        lambda g_, x, w: a.convolution_backward(g_, x, w, [6], [2, 1], [1, 2], [1, 2], False, [0, 0], 2, [True, True, True]),
+        [randn(2, 6, 5, 8), randn(2, 4, 10, 8), randn(6, 2, 3, 3)],
+    ),
+    "conv2d_backward_weight_only": (
+        lambda g_, x, w: a.convolution_backward(g_, x, w, None, [2, 2], [3, 3], [1, 1], False, [0, 0], 1, [False, True, False]),
+        [randn(1, 4, 4, 4), randn(1, 3, 8, 8), randn(4, 3, 7, 7)],
+    ),
+    "conv_transpose2d_backward": (
+        lambda g_, x, w: a.convolution_backward(g_, x, w, [6], [2, 2], [1, 0], [1, 1], True, [1, 0], 2, [True, True, True]),
+        [randn(2, 6, 10, 8), randn(2, 4, 5, 4), randn(4, 3, 3, 2)],
+    ),
+    # batch norm (training updates the running statistics; evaluation reads them), max pooling
+    "batch_norm_training": (
+        lambda x, w, bb, rm, rv: a._native_batch_norm_legit_functional(x, w, bb, rm, rv, True, 0.1, 1e-5),
+        [randn(4, 3, 5, 2) * 2 + 1, randn(3), randn(3), randn(3), torch.rand(3, generator=g) + 0.5],
+    ),
+    "batch_norm_eval": (
+        lambda x, rm, rv: a._native_batch_norm_legit_functional(x, None, None, rm, rv, False, 0.1, 1e-3)[0],
+        [randn(2, 3, 4), randn(3), torch.rand(3, generator=g) + 0.5],
+    ),
+    "max_pool2d": (
+        lambda x: a.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1]),
+        [randn(2, 3, 9, 8)],
+    ),
+    "max_pool2d_ceil_dilation_ties": (
+        lambda x: a.max_pool2d_with_indices(x, [2, 3], [2, 1], [1, 0], [2, 1], True),
+        [torch.tensor([[[[1.0, float("-inf"), 2.0, 2.0, 0.0], [float("nan"), 3.0, 3.0, 1.0, float("-inf")],
+                         [0.0, 0.0, float("nan"), 5.0, 5.0], [-1.0, -2.0, -3.0, -4.0, -5.0],
+                         [float("-inf")] * 5, [2.0, 2.0, 2.0, 2.0, 2.0]]]])],
+    ),
+    "max_pool2d_unbatched_int": (lambda x: a.max_pool2d_with_indices(x, [2, 2]), [randint(-9, 9, 2, 5, 6)]),
+    "max_pool2d_backward": (
+        lambda g_, x: a.max_pool2d_with_indices_backward(
+            g_, x, [3, 3], [2, 2], [1, 1], [1, 1], False, a.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])[1]
+        ),
+        [randn(2, 3, 5, 4), randn(2, 3, 9, 8)],
+    ),
     "any_dim": (lambda x: a.any.dim(x, 1), [randn(3, 4) > 1.0]),
     "any_dims_keepdim": (lambda x: a.any.dims(x, [0, 2], True), [randint(0, 2, 2, 3, 4)]),
     "any_all_float": (lambda x: a.any(x), [torch.tensor([[0.0, 0.0], [0.0, -2.0]])]),

@@ -33,21 +33,6 @@ LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {
         "transformers::grouped_mm_fallback.default": "an op transformers defines; no lowering",
         "transformers::grouped_mm_fallback_backward.default": "an op transformers defines; no lowering",
     },
-    "vit": {
-        "aten::convolution.default": "no lowering yet",
-        "aten::convolution_backward.default": "no lowering yet",
-    },
-    "resnet": {
-        "aten::convolution.default": "no lowering yet",
-        "aten::convolution_backward.default": "no lowering yet",
-        "aten::_native_batch_norm_legit_functional.default": "no lowering yet",
-        "aten::max_pool2d_with_indices.default": "no lowering yet",
-        "aten::max_pool2d_with_indices_backward.default": "no lowering yet",
-    },
-    "unet": {
-        "aten::convolution.default": "no lowering yet",
-        "aten::convolution_backward.default": "no lowering yet",
-    },
 }
 
 # Eager paths a model cannot take yet, with why: the test checks that they still fail that way.

@@ -14,8 +14,8 @@ use std::cell::RefCell;
 
 use crate::error::{BuildError, OpError, op_err};
 use crate::ir::{
-    self, AttrValue, BinaryOp, Direction, DotDims, Function, InferCx, Instr, Module, Op, Precision,
-    Region, RegionId, Signature, TextFunction, UnaryOp, ValueId, Visibility,
+    self, AttrValue, BinaryOp, ConvDims, ConvWindow, Direction, DotDims, Function, InferCx, Instr,
+    Module, Op, Precision, Region, RegionId, Signature, TextFunction, UnaryOp, ValueId, Visibility,
 };
 use crate::literal::{Literal, LiteralData};
 use crate::types::{DType, Dim, Shape, TensorType};
@@ -543,6 +543,34 @@ impl KernelBuilder {
         let op = "stablehlo.dot_general";
         let (lhs, rhs) = (self.check(op, lhs)?, self.check(op, rhs)?);
         self.push1(Op::DotGeneral { lhs, rhs, dims, precision, out })
+    }
+
+    /// `stablehlo.convolution` of `input` with `kernel` (same element type; the result too).
+    pub fn convolution(
+        &self,
+        input: Tensor<'_>,
+        kernel: Tensor<'_>,
+        dims: ConvDims,
+        window: ConvWindow,
+        feature_group_count: u64,
+        batch_group_count: u64,
+    ) -> Result<Tensor<'_>, BuildError> {
+        let op = "stablehlo.convolution";
+        let (lhs, rhs) = (self.check(op, input)?, self.check(op, kernel)?);
+        self.push1(Op::Convolution {
+            lhs,
+            rhs,
+            dims,
+            window,
+            feature_group_count,
+            batch_group_count,
+        })
+    }
+
+    /// `stablehlo.reverse`: `x` with the order of its elements along `dims` reversed.
+    pub fn reverse(&self, x: Tensor<'_>, dims: &[i64]) -> Result<Tensor<'_>, BuildError> {
+        let operand = self.check("stablehlo.reverse", x)?;
+        self.push1(Op::Reverse { operand, dims: dims.to_vec() })
     }
 
     /// `stablehlo.while`: carries `init` while `cond` (returning an `i1` scalar) holds, updating

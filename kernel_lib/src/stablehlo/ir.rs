@@ -168,6 +168,50 @@ pub struct DotDims {
     pub rhs_contracting: Vec<i64>,
 }
 
+/// `convolution` dimension numbers: where batch, feature and spatial dims sit in the input
+/// (`lhs`), the kernel (`rhs`) and the output. Spatial dims pair up in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ConvDims {
+    pub input_batch: i64,
+    pub input_feature: i64,
+    pub input_spatial: Vec<i64>,
+    pub kernel_input_feature: i64,
+    pub kernel_output_feature: i64,
+    pub kernel_spatial: Vec<i64>,
+    pub output_batch: i64,
+    pub output_feature: i64,
+    pub output_spatial: Vec<i64>,
+}
+
+impl ConvDims {
+    /// PyTorch's layout with `n` spatial dims: input and output `[N, C, *]`, kernel
+    /// `[O, I, *]`.
+    pub fn channels_first(n: usize) -> ConvDims {
+        let spatial: Vec<i64> = (2..2 + n as i64).collect();
+        ConvDims {
+            input_batch: 0,
+            input_feature: 1,
+            input_spatial: spatial.clone(),
+            kernel_input_feature: 1,
+            kernel_output_feature: 0,
+            kernel_spatial: spatial.clone(),
+            output_batch: 0,
+            output_feature: 1,
+            output_spatial: spatial,
+        }
+    }
+}
+
+/// A convolution's window, one entry per spatial dim: strides, `(low, high)` padding (negative
+/// crops), the input's dilation (transposed convolutions) and the kernel's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ConvWindow {
+    pub strides: Vec<i64>,
+    pub padding: Vec<(i64, i64)>,
+    pub lhs_dilation: Vec<i64>,
+    pub rhs_dilation: Vec<i64>,
+}
+
 impl DotDims {
     /// Plain matrix product: `[.., M, K] x [K, N]` contracting lhs's last dim with rhs's first.
     pub fn matmul(lhs_rank: usize) -> DotDims {
@@ -304,6 +348,18 @@ pub enum Op {
         precision: Option<[Precision; 2]>,
         out: Option<DType>,
     },
+    Convolution {
+        lhs: ValueId,
+        rhs: ValueId,
+        dims: ConvDims,
+        window: ConvWindow,
+        feature_group_count: u64,
+        batch_group_count: u64,
+    },
+    Reverse {
+        operand: ValueId,
+        dims: Vec<i64>,
+    },
     /// `args` are the loop-carried values, shared by the condition and body regions.
     While {
         operands: Vec<ValueId>,
@@ -351,6 +407,8 @@ impl Op {
             Op::Pad { .. } => "stablehlo.pad",
             Op::Reduce { .. } => "stablehlo.reduce",
             Op::DotGeneral { .. } => "stablehlo.dot_general",
+            Op::Convolution { .. } => "stablehlo.convolution",
+            Op::Reverse { .. } => "stablehlo.reverse",
             Op::While { .. } => "stablehlo.while",
             Op::Case { .. } => "stablehlo.case",
             Op::Call { .. } => "func.call",
@@ -366,9 +424,12 @@ impl Op {
             | Op::BroadcastInDim { operand: x, .. }
             | Op::Reshape { operand: x, .. }
             | Op::Transpose { operand: x, .. }
-            | Op::Slice { operand: x, .. } => vec![*x],
+            | Op::Slice { operand: x, .. }
+            | Op::Reverse { operand: x, .. } => vec![*x],
             Op::Binary(_, a, b) | Op::Compare { lhs: a, rhs: b, .. } => vec![*a, *b],
-            Op::DotGeneral { lhs, rhs, .. } => vec![*lhs, *rhs],
+            Op::DotGeneral { lhs, rhs, .. } | Op::Convolution { lhs, rhs, .. } => {
+                vec![*lhs, *rhs]
+            }
             Op::Select { pred, on_true, on_false } => vec![*pred, *on_true, *on_false],
             Op::Clamp { min, operand, max } => vec![*min, *operand, *max],
             Op::Constant(_) | Op::Iota { .. } => vec![],
@@ -527,6 +588,99 @@ fn check_axes(what: &str, axes: &[i64], rank: usize) -> Result<(), OpError> {
         }
     }
     Ok(())
+}
+
+/// The result type of a `convolution`, with the checks StableHLO's verifier makes.
+fn infer_convolution(
+    a: &TensorType,
+    k: &TensorType,
+    dims: &ConvDims,
+    window: &ConvWindow,
+    feature_groups: u64,
+    batch_groups: u64,
+) -> Result<TensorType, OpError> {
+    if a.dtype != k.dtype {
+        return Err(op_err!(DType, "element types differ: {a} vs {k}"));
+    }
+    accepts(Accepts::IntOrFloat, a)?;
+    let n = dims.input_spatial.len();
+    if a.rank() != n + 2 || k.rank() != n + 2 {
+        return Err(op_err!(
+            DimensionNumbers,
+            "convolution with {n} spatial dims needs rank {} operands, got {a} and {k}",
+            n + 2
+        ));
+    }
+    let mut input_axes = vec![dims.input_batch, dims.input_feature];
+    input_axes.extend(&dims.input_spatial);
+    let mut kernel_axes = vec![dims.kernel_input_feature, dims.kernel_output_feature];
+    kernel_axes.extend(&dims.kernel_spatial);
+    let mut output_axes = vec![dims.output_batch, dims.output_feature];
+    output_axes.extend(&dims.output_spatial);
+    check_axes("input dimension", &input_axes, n + 2)?;
+    check_axes("kernel dimension", &kernel_axes, n + 2)?;
+    check_axes("output dimension", &output_axes, n + 2)?;
+    if dims.kernel_spatial.len() != n || dims.output_spatial.len() != n {
+        return Err(op_err!(DimensionNumbers, "spatial dims must pair up: {dims:?}"));
+    }
+    let per_dim = |v: &[i64], what: &str, least: i64| -> Result<(), OpError> {
+        if v.len() != n {
+            return Err(op_err!(DimensionNumbers, "{what} needs {n} entries, got {v:?}"));
+        }
+        if let Some(x) = v.iter().find(|&&x| x < least) {
+            return Err(op_err!(DimensionNumbers, "{what} {x} < {least}"));
+        }
+        Ok(())
+    };
+    per_dim(&window.strides, "window stride", 1)?;
+    per_dim(&window.lhs_dilation, "lhs dilation", 1)?;
+    per_dim(&window.rhs_dilation, "rhs dilation", 1)?;
+    if window.padding.len() != n {
+        return Err(op_err!(DimensionNumbers, "padding needs {n} pairs, got {:?}", window.padding));
+    }
+    if feature_groups == 0 || batch_groups == 0 || (feature_groups > 1 && batch_groups > 1) {
+        return Err(op_err!(
+            DimensionNumbers,
+            "group counts must be >= 1 and not both > 1: feature {feature_groups}, batch {batch_groups}"
+        ));
+    }
+    let dim = |t: &TensorType, i: i64| static_dim(&t.shape.0[i as usize], "convolution", t);
+    let (batch, features) = (dim(a, dims.input_batch)?, dim(a, dims.input_feature)?);
+    let (k_in, k_out) = (dim(k, dims.kernel_input_feature)?, dim(k, dims.kernel_output_feature)?);
+    let (fg, bg) = (feature_groups as i64, batch_groups as i64);
+    if features % fg != 0 || features / fg != k_in {
+        return Err(op_err!(
+            Shape,
+            "input features {features} / feature_group_count {fg} != kernel input features {k_in}"
+        ));
+    }
+    if batch % bg != 0 || k_out % bg != 0 || k_out % fg != 0 {
+        return Err(op_err!(
+            Shape,
+            "batch {batch} and kernel output features {k_out} must divide by the group counts"
+        ));
+    }
+    let mut out = vec![Dim::Static(0); n + 2];
+    out[dims.output_batch as usize] = Dim::Static((batch / bg) as u64);
+    out[dims.output_feature as usize] = Dim::Static(k_out as u64);
+    for i in 0..n {
+        let x = dim(a, dims.input_spatial[i])?;
+        let w = dim(k, dims.kernel_spatial[i])?;
+        let (lo, hi) = window.padding[i];
+        let dilated_x = if x == 0 { 0 } else { (x - 1) * window.lhs_dilation[i] + 1 };
+        let padded = dilated_x + lo + hi;
+        let dilated_w = if w == 0 { 0 } else { (w - 1) * window.rhs_dilation[i] + 1 };
+        let size = if padded < dilated_w || padded == 0 {
+            0
+        } else {
+            (padded - dilated_w) / window.strides[i] + 1
+        };
+        if padded < 0 {
+            return Err(op_err!(DimensionNumbers, "padding makes spatial dim {i} of {a} negative"));
+        }
+        out[dims.output_spatial[i] as usize] = Dim::Static(size as u64);
+    }
+    Ok(TensorType { dtype: a.dtype, shape: Shape(out) })
 }
 
 fn static_dim(d: &Dim, what: &str, ty: &TensorType) -> Result<i64, OpError> {
@@ -888,6 +1042,21 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<TensorType>, OpError> {
                 }
             }
             one(TensorType { dtype: out.unwrap_or(a.dtype), shape: Shape(shape) })
+        }
+        Op::Convolution { lhs, rhs, dims, window, feature_group_count, batch_group_count } => {
+            one(infer_convolution(
+                &ty(lhs),
+                &ty(rhs),
+                dims,
+                window,
+                *feature_group_count,
+                *batch_group_count,
+            )?)
+        }
+        Op::Reverse { operand, dims } => {
+            let t = ty(operand);
+            check_axes("reverse dimension", dims, t.rank())?;
+            one(t)
         }
         Op::While { operands, args, cond, body } => {
             let types: Vec<TensorType> = operands.iter().map(&ty).collect();

@@ -315,6 +315,41 @@ impl<'a> FnPrinter<'a> {
                 let _ = write!(s, " : {ft}");
                 s
             }
+            Op::Convolution {
+                lhs: a,
+                rhs: b,
+                dims,
+                window,
+                feature_group_count,
+                batch_group_count,
+            } => {
+                let ft = self.functional(&[*a, *b], res);
+                let lhs = self.bind(res);
+                let pad: Vec<String> =
+                    window.padding.iter().map(|(lo, hi)| format!("[{lo}, {hi}]")).collect();
+                format!(
+                    "{lhs}stablehlo.convolution({}, {}) dim_numbers = {}, window = {{stride = {}, \
+                     pad = [{}], lhs_dilate = {}, rhs_dilate = {}}} {{batch_group_count = \
+                     {batch_group_count} : i64, feature_group_count = {feature_group_count} : i64}} \
+                     : {ft}",
+                    self.name(*a),
+                    self.name(*b),
+                    conv_dims(dims),
+                    ints(&window.strides),
+                    pad.join(", "),
+                    ints(&window.lhs_dilation),
+                    ints(&window.rhs_dilation),
+                )
+            }
+            Op::Reverse { operand, dims } => {
+                let lhs = self.bind(res);
+                format!(
+                    "{lhs}stablehlo.reverse {}, dims = {} : {}",
+                    self.name(*operand),
+                    ints(dims),
+                    self.ty(*operand)
+                )
+            }
             Op::Call { callee, args } => {
                 let ft = self.functional(args, res);
                 let lhs = self.bind(res);
@@ -458,4 +493,25 @@ pub fn compare_type(dtype: DType) -> &'static str {
         DTypeClass::SignedInt => "SIGNED",
         DTypeClass::UnsignedInt | DTypeClass::Bool => "UNSIGNED",
     }
+}
+
+/// Convolution dimension numbers in StableHLO's short form: one label per dim of the input,
+/// kernel and output (`b`/`f`, `i`/`o`, spatial positions by index), `[b, f, 0, 1]x[o, i, 0,
+/// 1]->[b, f, 0, 1]` for PyTorch's layout.
+fn conv_dims(d: &crate::ir::ConvDims) -> String {
+    fn labels(first: (i64, &str), second: (i64, &str), spatial: &[i64]) -> String {
+        let mut out = vec![String::new(); spatial.len() + 2];
+        out[first.0 as usize] = first.1.to_string();
+        out[second.0 as usize] = second.1.to_string();
+        for (i, &s) in spatial.iter().enumerate() {
+            out[s as usize] = i.to_string();
+        }
+        format!("[{}]", out.join(", "))
+    }
+    format!(
+        "{}x{}->{}",
+        labels((d.input_batch, "b"), (d.input_feature, "f"), &d.input_spatial),
+        labels((d.kernel_output_feature, "o"), (d.kernel_input_feature, "i"), &d.kernel_spatial),
+        labels((d.output_batch, "b"), (d.output_feature, "f"), &d.output_spatial),
+    )
 }

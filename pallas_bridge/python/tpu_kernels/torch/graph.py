@@ -93,10 +93,12 @@ def encode_arg(a, ref):
 
 
 # Ops with an output mask whose outputs left out are None in FX: the argument each output's type
-# follows, so the node still declares every output (the kernels compute them all; the graph
-# never reads the ones left out).
+# follows (a tensor, or a list of sizes in the dtype of the op's first tensor argument), so the
+# node still declares every output (the lowerings fill the ones left out with zeros, which the
+# graph never reads and XLA drops).
 _MASKED_OUTPUT_LIKE = {
     "aten::native_layer_norm_backward.default": ("input", "weight", "bias"),
+    "aten::convolution_backward.default": ("input", "weight", "bias_sizes"),
 }
 
 
@@ -106,13 +108,26 @@ def fill_masked_outputs(node, vals: list) -> list:
     like = _MASKED_OUTPUT_LIKE.get(op_key(node.target))
     if like is None or all(v is not None for v in vals) or len(vals) != len(like):
         return vals
+
     names = [a.name for a in node.target._schema.arguments]
+
+    def arg(name):
+        i = names.index(name)
+        return node.kwargs.get(name, node.args[i] if i < len(node.args) else None)
+
+    first = next(a for a in node.args if isinstance(a, torch.fx.Node))
+    dtype = first.meta["val"].dtype
     out = []
-    for v, arg in zip(vals, like):
+    for v, name in zip(vals, like):
         if v is None:
-            i = names.index(arg)
-            a = node.kwargs.get(arg, node.args[i] if i < len(node.args) else None)
-            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            a = arg(name)
+            if isinstance(a, torch.fx.Node):
+                v = a.meta.get("val")
+            elif isinstance(a, (list, tuple)):
+                v = torch.empty([int(n) for n in a], dtype=dtype, device="meta")
+            else:
+                # Nothing gives the size (a convolution without bias): an empty placeholder.
+                v = torch.empty([0], dtype=dtype, device="meta")
         out.append(v)
     return out
 

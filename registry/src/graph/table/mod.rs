@@ -43,9 +43,14 @@
 //! - `_scaled_dot_product_flash_attention_for_cpu` lowers as math: `q kᵀ · scale`, the causal
 //!   (top-left) or given mask, a stable softmax, `· v`, and the logsumexp output; its backward
 //!   is the math gradient from that logsumexp. Dropout must be 0.
+//! - Convolutions (plain, grouped, dilated, transposed, any number of spatial dims) lower to one
+//!   `stablehlo.convolution` each, their gradients to convolutions as well (`conv.rs`); max
+//!   pooling reads its window as strided slices and its gradient spreads with interior padding,
+//!   so neither needs `reduce_window` or `select_and_scatter`.
 //! - `index_put` with `accumulate=False` and repeated indices sums the writes (PyTorch leaves
 //!   the result unspecified).
 
+mod conv;
 mod elementwise;
 mod nn;
 mod reduce;
@@ -230,6 +235,12 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::split_with_sizes.default", shape::split_with_sizes),
     ("aten::constant_pad_nd.default", shape::constant_pad_nd),
     ("aten::slice_scatter.default", shape::slice_scatter),
+    // convolution, batch norm, pooling
+    ("aten::convolution.default", conv::convolution),
+    ("aten::convolution_backward.default", conv::convolution_backward),
+    ("aten::_native_batch_norm_legit_functional.default", conv::batch_norm_functional),
+    ("aten::max_pool2d_with_indices.default", conv::max_pool2d_with_indices),
+    ("aten::max_pool2d_with_indices_backward.default", conv::max_pool2d_with_indices_backward),
     // linear algebra
     ("aten::mm.default", nn::mm),
     ("aten::bmm.default", nn::bmm),
@@ -458,6 +469,15 @@ impl<'a, 'b> Cx<'a, 'b> {
     pub(crate) fn ints(&self, i: usize, name: &str) -> R<Vec<i64>> {
         match self.opt_ints(i, name)? {
             Some(v) => Ok(v),
+            None => self.missing(name),
+        }
+    }
+
+    /// A `bool[]`.
+    pub(crate) fn bools(&self, i: usize, name: &str) -> R<Vec<bool>> {
+        match self.get(i, name) {
+            Some(V::A(Arg::BoolList(v))) => Ok(v.clone()),
+            Some(v) => self.wrong(name, "a bool list", v),
             None => self.missing(name),
         }
     }
