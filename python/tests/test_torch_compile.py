@@ -130,3 +130,48 @@ def test_a_broadcast_output_keeps_the_graphs_strides():
         got = torch.compile(f, backend="tpu_kernels")(x)
     torch.testing.assert_close(got, f(x))
     assert got.stride() == f(x).stride() == (0, 1)
+
+
+def test_permuted_layouts_cross_the_program_boundary_without_copies(monkeypatch):
+    """An output traced in a permuted dense layout comes back as a view of the program's result
+    in that layout (the program permutes, no copy in PyTorch), and an input in a permuted layout
+    is read in place: the program takes its physical order and permutes inside."""
+
+    def f(x):
+        return (x.transpose(0, 2) * 2).exp()  # elementwise on a view: the output keeps its strides
+
+    x = torch.randn(3, 4, 5)
+    torch._dynamo.reset()
+    copies = []
+    real_contiguous = torch.Tensor.contiguous
+
+    def counting_contiguous(self, *args, **kwargs):
+        if not self.is_contiguous():
+            copies.append(tuple(self.shape))
+        return real_contiguous(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "contiguous", counting_contiguous)
+    with no_fallbacks(programs=1):
+        got = torch.compile(f, backend="tpu_kernels")(x)
+    want = f(x)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride() == (1, 5, 20)
+    assert got._base is not None, "the output was copied into its layout instead of viewed"
+
+    def g(y):
+        return y * 3 + 1
+
+    torch._dynamo.reset()
+    y = torch.randn(6, 7).t()  # a transposed input
+    with no_fallbacks(programs=1):
+        got = torch.compile(g, backend="tpu_kernels")(y)
+    torch.testing.assert_close(got, g(y))
+    assert got.stride() == g(y).stride()
+    assert not copies, f"inputs copied to row-major: {copies}"
+
+    # A graph whose inputs and outputs are all row-major is lowered as it is.
+    gm = torch.fx.symbolic_trace(lambda a: a + 1)
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "call_function"):
+            n.meta["val"] = torch.empty(2, 3)
+    assert backend._physical_layouts(gm)[0] is gm

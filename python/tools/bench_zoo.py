@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", help="comma-separated zoo models (default: all)")
     p.add_argument("--steps", type=int, default=5, help="timed steps per path (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    p.add_argument("--paths", help=f"comma-separated paths to time (default: all of {', '.join(PATHS)})")
     args = p.parse_args(argv)
+    paths = args.paths.split(",") if args.paths else list(PATHS)
+    if set(paths) - set(PATHS):
+        p.error(f"unknown paths {sorted(set(paths) - set(PATHS))}; known: {', '.join(PATHS)}")
 
     import torch
 
@@ -115,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for name in names:
         spec = zoo.SPECS[name]
-        got: dict[str, dict[str, float] | str] = {}
-        for path in PATHS:
+        got: dict[str, dict[str, float] | str] = {path: "not run (--paths)" for path in PATHS}
+        for path in paths:
             t = time.perf_counter()
             try:
                 got[path] = measure(spec, path, args.warmup, args.steps)
@@ -127,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((name, spec.family, got))
 
     def ms(v) -> str:
-        return f"{v['step'] * 1e3:.1f}" if isinstance(v, dict) else f"failed: {v}"
+        if isinstance(v, dict):
+            return f"{v['step'] * 1e3:.1f}"
+        return v if v.startswith("not run") else f"failed: {v}"
 
     def ratio(v, base) -> str:
         if isinstance(v, dict) and isinstance(base, dict) and base["step"] > 0:

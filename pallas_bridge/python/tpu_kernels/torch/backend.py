@@ -72,6 +72,19 @@ def _out_meta(gm: torch.fx.GraphModule):
     return single, [None if r is None else r.meta.get("val") for r in items]
 
 
+def _needs_layout(meta) -> bool:
+    """Whether a traced output's strides differ from the row-major ones a program returns
+    (size-1 dims' strides do not matter)."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() < 2:
+        return False
+    expected = 1
+    for n, st in zip(reversed(meta.shape), reversed(meta.stride())):
+        if n != 1 and st != expected:
+            return True
+        expected *= n
+    return False
+
+
 def _restride(t: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     """`t` (a program's row-major output) laid out with the strides the traced graph gave the
     output. A broadcast output (stride 0 on a dim of size > 1, an `expand`) is `t`'s first slice
@@ -90,13 +103,28 @@ class _Program:
     """Runs one lowered graph; on a runtime failure (an error, counted as `replay`), runs the
     graph in PyTorch instead, or raises under the "raise" error policy."""
 
-    def __init__(self, program, gm: torch.fx.GraphModule) -> None:
-        self.program = program
+    def __init__(self, lowered, gm: torch.fx.GraphModule) -> None:
+        self.program, in_perms, out_perms = lowered
         self.gm = gm
         # The program's inputs after the placeholders: read at the first run, since the graph
         # is compiled under a fake tensor mode that real tensors must not enter.
         self.constants: list | None = None
         self.single, self.metas = _out_meta(gm)
+        # Inputs the program takes in their traced physical order (`_physical_layouts`): the
+        # permutation that makes such an argument row-major; None when no input has one.
+        self.in_perms = in_perms if any(p is not None for p in in_perms) else None
+        # Per output: None (left out), False (the row-major result as is), a permutation (the
+        # program returns the traced physical order; the view back is free), or the traced
+        # value whose layout a copy gives (`_restride`). Decided once, so a run only converts.
+        self.layouts = []
+        for m, perm in zip(self.metas, out_perms):
+            if m is None:
+                self.layouts.append(None)
+            elif perm is not None:
+                self.layouts.append(_inverse(perm))
+            else:
+                self.layouts.append(_needs_layout(m) and m)
+        self.plain = all(lay is False for lay in self.layouts)
 
     def __call__(self, *args):
         if len(args) == 1 and isinstance(args[0], list):
@@ -104,30 +132,116 @@ class _Program:
         try:
             if self.constants is None:
                 self.constants = graph_constants(self.gm)
-            tensors = [a.detach().contiguous() for a in args] + self.constants
+            # The native import reads tensors that require grad as they are; only a strided
+            # input is copied.
+            if self.in_perms is None:
+                tensors = [a if a.is_contiguous() else a.contiguous() for a in args]
+            else:
+                tensors = []
+                for a, perm in zip(args, self.in_perms):
+                    if perm is not None:
+                        a = a.permute(perm)
+                    tensors.append(a if a.is_contiguous() else a.contiguous())
+            if self.constants:
+                tensors += self.constants
             caps = self.program.run(tensors)
         except Exception as e:  # a kernel-side failure: run the graph in PyTorch
             _report.record_fallback(
                 f"graph:{self.program.name}", "replay", f"graph ran in PyTorch: {type(e).__name__}: {e}"
             )
             return self.gm(*args)
+        if self.plain:
+            outs = [as_tensor(c) for c in caps]
+            return outs[0] if self.single else tuple(outs)
         outs = []
         it = iter(caps)
-        for meta in self.metas:
-            if meta is None:
+        for layout in self.layouts:
+            if layout is None:
                 outs.append(None)
                 continue
             t = as_tensor(next(it))
-            if isinstance(meta, torch.Tensor) and t.dim() > 1 and tuple(meta.stride()) != tuple(t.stride()):
-                t = _restride(t, meta)
-            outs.append(t)
+            if layout is False:
+                outs.append(t)
+            elif isinstance(layout, list):
+                outs.append(t.permute(layout))
+            else:
+                outs.append(_restride(t, layout))
         return outs[0] if self.single else tuple(outs)
+
+
+def _dense_perm(t) -> list[int] | None:
+    """The permutation `p` for which `t.permute(p)` is row-major, when `t` is laid out densely
+    in another order than row-major (a transposed or permuted layout); None otherwise (row-major
+    already, broadcast, or a view into a larger tensor)."""
+    if not _needs_layout(t):
+        return None
+    shape, stride = t.shape, t.stride()
+    perm = sorted(range(t.dim()), key=lambda d: (-stride[d], d))
+    expected = 1
+    for d in reversed(perm):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return perm
+
+
+def _inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, d in enumerate(perm):
+        inv[d] = i
+    return inv
+
+
+def _physical_layouts(gm: torch.fx.GraphModule):
+    """`gm` rewritten so that inputs and outputs traced in a dense permuted layout (a weight's
+    transpose saved for the backward, attention's head-major views) cross the program boundary
+    in that physical order: such an input becomes a row-major placeholder permuted back inside
+    the program, such an output is permuted to its physical order inside it. XLA folds the
+    permutations into the ops around them; without them each crossing is a copy in PyTorch on
+    both sides. Returns (graph, per-input permutation or None, per-output permutation or None);
+    `gm` itself when nothing changes."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    in_perms = [_dense_perm(n.meta.get("val")) for n in placeholders]
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    (result,) = out_node.args
+    items = [result] if not isinstance(result, (tuple, list)) else list(result)
+    out_perms = [None if r is None else _dense_perm(r.meta.get("val")) for r in items]
+    if all(p is None for p in in_perms) and all(p is None for p in out_perms):
+        return gm, in_perms, out_perms
+    aten = torch.ops.aten
+    work = _copy(gm)
+    graph = work.graph
+    for ph, perm in zip([n for n in graph.nodes if n.op == "placeholder"], in_perms):
+        if perm is None:
+            continue
+        val = ph.meta["val"]
+        with graph.inserting_after(ph):
+            back = graph.call_function(aten.permute.default, (ph, _inverse(perm)))
+        ph.replace_all_uses_with(back, delete_user_cb=lambda user, back=back: user is not back)
+        back.meta["val"] = val
+        ph.meta = {**ph.meta, "val": torch.empty([val.shape[d] for d in perm], dtype=val.dtype, device="meta")}
+    out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    (result,) = out_node.args
+    single = not isinstance(result, (tuple, list))
+    items = [result] if single else list(result)
+    for i, (r, perm) in enumerate(zip(items, out_perms)):
+        if perm is None:
+            continue
+        val = r.meta["val"]
+        with graph.inserting_before(out_node):
+            phys = graph.call_function(aten.permute.default, (r, perm))
+        phys.meta["val"] = torch.empty([val.shape[d] for d in perm], dtype=val.dtype, device="meta")
+        items[i] = phys
+    out_node.args = (items[0] if single else type(result)(items),)
+    work.recompile()
+    return work, in_perms, out_perms
 
 
 def _lower(gm: torch.fx.GraphModule, name: str):
     from ._bindings import refused_kernels
 
-    return native().compile_graph(dumps(fx_to_json(gm, name)), refused_kernels())
+    work, in_perms, out_perms = _physical_layouts(gm)
+    return native().compile_graph(dumps(fx_to_json(work, name)), refused_kernels()), in_perms, out_perms
 
 
 _NODE_RE = re.compile(r"node `([^`]+)`")
@@ -178,7 +292,7 @@ def compile_graph_module(gm: torch.fx.GraphModule, name: str):
                         _report.record_fallback(f"graph:{name}", "lower", whole)
                     break
                 continue
-            _report.record_graph(name, program.kernels, len(calls), {})
+            _report.record_graph(name, program[0].kernels, len(calls), {})
             return _Program(program, gm)
         result = _split(gm, name, ok, bad, reasons)
         if result is not None:
@@ -243,7 +357,7 @@ def _split(gm, name, ok, bad, reasons):
                     reasons.setdefault(op_key(n.target), str(e).splitlines()[0][:300])
                     bad.add(n.name)
             return None
-        kernels.extend(program.kernels)
+        kernels.extend(program[0].kernels)
         setattr(fused, child_name, _ProgramModule(program, child))
     eager = {}
     for n in fused.graph.nodes:
