@@ -11,6 +11,7 @@
 //! - Metadata for the Python side: the kernels and their schema bindings, the ops a graph can
 //!   lower, output types from a kernel's shape rule, and the counters behind `report()`.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
@@ -27,9 +28,9 @@ use pyo3::types::{PyBool, PyDict, PyList, PyString, PyTuple};
 use tpu_kernels::registration::{BindingKind, KernelSignature, Platform, StaticKind, StaticValue};
 use tpu_kernels::{DType, Shape, TensorType};
 use tpu_kernels_registry::cache::CompileCache;
-use tpu_kernels_registry::dispatch::{dtype_of, upload_input};
+use tpu_kernels_registry::dispatch::{dtype_of, upload_input_cached};
 use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall};
-use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program};
+use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program, ViewCache};
 use tpu_kernels_registry::{
     CallMeta, DispatchError, Dispatcher, HostTensor, Index, Registry, fault, normalize_op,
 };
@@ -41,6 +42,8 @@ struct GraphStats {
     memo_hits: u64,
     runs: u64,
     run_nanos: u64,
+    /// Inputs a run read through a gathered copy (laid out otherwise than the program reads).
+    inputs_gathered: u64,
     lower_errors: u64,
     /// Kernel name -> how many graph programs inlined it.
     kernels: BTreeMap<String, u64>,
@@ -56,8 +59,14 @@ pub(crate) struct Runtime {
     cache: Arc<CompileCache>,
     platform: Platform,
     programs: Mutex<HashMap<String, Arc<ProgramInner>>>,
+    /// Views of the host memory graph programs' inputs occupied: a model's parameters (and
+    /// whatever the allocator puts at the same addresses) are viewed once, not every run.
+    views: ViewCache,
     graph_stats: Mutex<GraphStats>,
 }
+
+/// Views the graph path keeps: several models' parameters and activations.
+const GRAPH_VIEWS: usize = 2048;
 
 static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 
@@ -74,6 +83,7 @@ fn make_runtime(py: Python<'_>) -> Result<Runtime, String> {
         cache,
         platform,
         programs: Mutex::new(HashMap::new()),
+        views: ViewCache::with_capacity(GRAPH_VIEWS),
         graph_stats: Mutex::new(GraphStats::default()),
     })
 }
@@ -94,6 +104,12 @@ pub(crate) struct Imported {
     ptr: *const u8,
     len: usize,
     pub(crate) contiguous: bool,
+    /// The tensor's sizes, element strides and first element (null when it has none), for
+    /// reading it in another order ([`Imported::ordered`]).
+    dims: Vec<i64>,
+    strides: Vec<i64>,
+    base: *const u8,
+    element_bytes: usize,
 }
 
 impl Imported {
@@ -106,6 +122,56 @@ impl Imported {
         // `self`; nothing writes it while the kernel reads it (the Python caller holds the GIL
         // and the tensor for the whole call).
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The elements in the row-major order of the dims taken in `order` (`order[k]` is the
+    /// tensor dim that is dim `k` of the result): the memory in place when the tensor is laid
+    /// out that way (a transposed tensor read in its physical order), else a gathered copy.
+    pub(crate) fn ordered(&self, order: &[usize]) -> Cow<'_, [u8]> {
+        let dims: Vec<i64> = order.iter().map(|&d| self.dims[d]).collect();
+        let strides: Vec<i64> = order.iter().map(|&d| self.strides[d]).collect();
+        let numel = dims.iter().product::<i64>().max(0) as usize;
+        let esize = self.element_bytes;
+        if numel == 0 || self.base.is_null() {
+            return Cow::Borrowed(&[]);
+        }
+        if crate::tensor::row_major(&dims, Some(&strides)) {
+            // SAFETY: dense row-major in this order: the `numel` elements are the bytes from
+            // `base` on, inside the tensor that `_owner` keeps alive.
+            return Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.base, numel * esize) });
+        }
+        // Gather, a run at a time: the innermost dim is one copy when its stride is 1.
+        let r = dims.len();
+        let (run_len, outer) = match (dims.last(), strides.last()) {
+            (Some(&n), Some(&1)) => (n as usize, r - 1),
+            _ => (1, r),
+        };
+        let mut out = Vec::with_capacity(numel * esize);
+        let mut idx = vec![0i64; outer];
+        loop {
+            let off: i64 = idx.iter().zip(&strides).map(|(i, s)| i * s).sum();
+            // SAFETY: every index is within `dims`, so the run lies inside the tensor's memory
+            // (DLPack's contract for `data`, `shape` and `strides`), kept alive by `_owner`.
+            let run = unsafe {
+                std::slice::from_raw_parts(
+                    self.base.offset(off as isize * esize as isize),
+                    run_len * esize,
+                )
+            };
+            out.extend_from_slice(run);
+            let mut k = outer;
+            loop {
+                if k == 0 {
+                    return Cow::Owned(out);
+                }
+                k -= 1;
+                idx[k] += 1;
+                if idx[k] < dims[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
     }
 }
 
@@ -146,13 +212,39 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported
     let dims: Vec<u64> = t.shape().iter().map(|d| *d as u64).collect();
     let contiguous = crate::tensor::row_major(t.shape(), t.strides());
     let len = if contiguous { t.num_bytes() } else { 0 };
-    let ptr = if len == 0 {
+    let base = if t.shape().contains(&0) || t.data_ptr().is_null() {
         std::ptr::null()
     } else {
         t.data_ptr().cast::<u8>().wrapping_add(t.byte_offset() as usize)
     };
+    let ptr = if len == 0 { std::ptr::null() } else { base };
+    let shape = t.shape().to_vec();
+    let strides = match t.strides() {
+        Some(s) => s.to_vec(),
+        None => compact_strides(&shape),
+    };
+    let element_bytes = (t.dtype().bits as usize).div_ceil(8) * t.dtype().lanes.max(1) as usize;
     let ty = TensorType::new(dtype, Shape::of(&dims));
-    Ok(Imported { _owner: owner, ty, ptr, len, contiguous })
+    Ok(Imported {
+        _owner: owner,
+        ty,
+        ptr,
+        len,
+        contiguous,
+        dims: shape,
+        strides,
+        base,
+        element_bytes,
+    })
+}
+
+/// Row-major element strides of `dims`.
+fn compact_strides(dims: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1i64; dims.len()];
+    for k in (0..dims.len().saturating_sub(1)).rev() {
+        strides[k] = strides[k + 1] * dims[k + 1].max(1);
+    }
+    strides
 }
 
 fn import_all(tensors: &Bound<'_, PyList>) -> Result<Vec<Imported>, String> {
@@ -168,7 +260,38 @@ pub(crate) fn export_buffer<'py>(
     buffer: Buffer,
     api: Option<&ExchangeApi>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let dims = buffer.dims().to_vec();
+    export_buffer_as(py, buffer, api, None)
+}
+
+/// [`export_buffer`], seen through `order` when given: the buffer holds the dims of the
+/// tensor in that order (`order[k]` is the tensor dim stored as the buffer's dim `k`), and the
+/// tensor is the permuted view of it (strides, no copy).
+fn export_buffer_as<'py>(
+    py: Python<'py>,
+    buffer: Buffer,
+    api: Option<&ExchangeApi>,
+    order: Option<&[usize]>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let stored = buffer.dims().to_vec();
+    let stored_strides = compact_strides(&stored);
+    let (dims, strides) = match order {
+        None => (stored, stored_strides),
+        Some(order) if order.len() != stored.len() => {
+            return Err(PyValueError::new_err(format!(
+                "an output of rank {} cannot be viewed in dim order {order:?}",
+                stored.len()
+            )));
+        }
+        Some(order) => {
+            let mut dims = vec![0i64; order.len()];
+            let mut strides = vec![0i64; order.len()];
+            for (k, &d) in order.iter().enumerate() {
+                dims[d] = stored[k];
+                strides[d] = stored_strides[k];
+            }
+            (dims, strides)
+        }
+    };
     let ty = buffer.element_type();
     let dtype = dtype_of(ty).and_then(crate::tensor::dlpack_of_dtype).ok_or_else(|| {
         PyTypeError::new_err(format!("output element type {ty:?} has no DLPack dtype"))
@@ -184,20 +307,21 @@ pub(crate) fn export_buffer<'py>(
         PyRuntimeError::new_err(format!("DLPack export: {e}"))
     }
     if let Some(api) = api {
-        let mut init = Dynamic::compact(dims).initialize(Box::new(buffer)).map_err(export_err)?;
+        let mut init =
+            Dynamic::new(dims, strides).initialize(Box::new(buffer)).map_err(export_err)?;
         init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(DLDevice::CPU);
         // SAFETY: as below (same buffer, pointer and layout), in the versioned ABI.
         let managed = unsafe { init.finish() };
         return api.managed_tensor_to_py_object_no_sync(managed, py);
     }
-    let mut init = Dynamic::compact(dims)
+    let mut init = Dynamic::new(dims, strides)
         .initialize_as::<DLManagedTensor>(Box::new(buffer))
         .map_err(export_err)?;
     init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(DLDevice::CPU);
     // SAFETY: `ptr` is the host address of the PJRT buffer owned by the managed tensor's
     // context (it lives until the consumer calls the deleter), the buffer is ready
     // (`read_in_place` waited), and its layout is dense row-major with exactly these dims and
-    // this element type, which the compact metadata describes.
+    // this element type, which the metadata describes (row-major, or a permuted view of it).
     let managed = unsafe { init.finish() };
     managed.into_pyobject(py)
 }
@@ -351,6 +475,41 @@ struct ProgramInner {
     kernels: Vec<String>,
 }
 
+/// How a program's inputs and outputs cross its boundary: per input, the order in which the
+/// program reads the tensor's dims (`[1, 0]`: a transposed tensor read in its physical order,
+/// in place), per output the order in which the program stores the tensor's dims (the result is
+/// the permuted view of it); `None` entries are row-major. Made once per program.
+#[pyclass(name = "BoundaryLayout", frozen, module = "tpu_kernels._native.torch_bridge")]
+#[derive(Debug)]
+struct BoundaryLayout {
+    inputs: Vec<Option<Vec<usize>>>,
+    outputs: Vec<Option<Vec<usize>>>,
+}
+
+#[pymethods]
+impl BoundaryLayout {
+    #[new]
+    fn new(
+        inputs: Vec<Option<Vec<usize>>>,
+        outputs: Vec<Option<Vec<usize>>>,
+    ) -> PyResult<BoundaryLayout> {
+        for (side, list) in [("input", &inputs), ("output", &outputs)] {
+            for (i, order) in list.iter().enumerate() {
+                if let Some(order) = order {
+                    let mut seen = order.clone();
+                    seen.sort_unstable();
+                    if seen.iter().enumerate().any(|(k, &d)| k != d) {
+                        return Err(PyValueError::new_err(format!(
+                            "{side} {i}: {order:?} is not a permutation of the dims"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(BoundaryLayout { inputs, outputs })
+    }
+}
+
 /// One ATen graph compiled to one StableHLO program.
 #[pyclass(name = "GraphProgram", frozen, module = "tpu_kernels._native.torch_bridge")]
 #[derive(Debug)]
@@ -397,12 +556,16 @@ impl GraphProgram {
         short_types(&self.inner.outputs)
     }
 
-    /// Runs the program on `tensors` (contiguous CPU torch tensors of the graph's input types);
-    /// returns one DLPack capsule per output.
+    /// Runs the program on `tensors` (CPU torch tensors of the graph's input types, any
+    /// strides: a tensor not laid out as the program reads it is gathered into a copy);
+    /// returns one torch tensor (or DLPack capsule) per output. With `layout`, the inputs and
+    /// outputs it names cross in a permuted order (see [`BoundaryLayout`]).
+    #[pyo3(signature = (tensors, layout = None))]
     fn run<'py>(
         &self,
         py: Python<'py>,
         tensors: &Bound<'py, PyList>,
+        layout: Option<PyRef<'py, BoundaryLayout>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let rt = runtime(py)?;
         let p = &self.inner;
@@ -416,18 +579,42 @@ impl GraphProgram {
                 imported.len()
             )));
         }
+        let layout = layout.as_deref();
         let start = Instant::now();
-        let mut buffers = Vec::with_capacity(imported.len());
+        let mut data: Vec<Cow<'_, [u8]>> = Vec::with_capacity(imported.len());
         for (i, (t, want)) in imported.iter().zip(&p.inputs).enumerate() {
-            if &t.ty != want || !t.contiguous {
+            let order = layout.and_then(|l| l.inputs.get(i)).and_then(Option::as_deref);
+            let identity: Vec<usize>;
+            let order = match order {
+                Some(o) => o,
+                None => {
+                    identity = (0..t.dims.len()).collect();
+                    &identity
+                }
+            };
+            let seen: Vec<u64> =
+                order.iter().map(|&d| t.dims.get(d).copied().unwrap_or(-1) as u64).collect();
+            if t.ty.dtype != want.dtype
+                || order.len() != t.dims.len()
+                || Shape::of(&seen) != want.shape
+            {
                 return Err(PyValueError::new_err(format!(
                     "graph `{}`: input {i} is {}{}, the graph takes {want}",
                     p.name,
                     t.ty,
-                    if t.contiguous { "" } else { " (not contiguous)" }
+                    if order.iter().enumerate().all(|(k, &d)| k == d) {
+                        String::new()
+                    } else {
+                        format!(" read in dim order {order:?}")
+                    }
                 )));
             }
-            let buffer = upload_input(rt.dispatcher.client(), &t.ty, t.bytes())
+            data.push(t.ordered(order));
+        }
+        let gathered = data.iter().filter(|d| matches!(d, Cow::Owned(_))).count() as u64;
+        let mut buffers = Vec::with_capacity(imported.len());
+        for (i, (bytes, want)) in data.iter().zip(&p.inputs).enumerate() {
+            let buffer = upload_input_cached(&rt.views, rt.dispatcher.client(), want, bytes)
                 .map_err(|e| PyTypeError::new_err(format!("graph `{}`: input {i}: {e}", p.name)))?;
             buffers.push(buffer);
         }
@@ -441,10 +628,16 @@ impl GraphProgram {
         let outputs = p.executable.execute(&refs).map_err(|e| {
             PyRuntimeError::new_err(format!("graph `{}`: execute failed: {e}", p.name))
         })?;
-        let exported = export_all(py, outputs, tensors.iter().next())?;
+        let api = tensors.iter().next().as_ref().and_then(exchange_api);
+        let exported = PyList::empty(py);
+        for (j, b) in outputs.into_iter().enumerate() {
+            let order = layout.and_then(|l| l.outputs.get(j)).and_then(Option::as_deref);
+            exported.append(export_buffer_as(py, b, api.as_ref(), order)?)?;
+        }
         if let Ok(mut s) = rt.graph_stats.lock() {
             s.runs += 1;
             s.run_nanos += start.elapsed().as_nanos() as u64;
+            s.inputs_gathered += gathered;
             for k in &p.kernels {
                 match s.kernels_run.get_mut(k) {
                     Some(n) => *n += 1,
@@ -707,6 +900,7 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         g.set_item("memo_hits", gs.memo_hits)?;
         g.set_item("runs", gs.runs)?;
         g.set_item("run_time_s", gs.run_nanos as f64 * 1e-9)?;
+        g.set_item("inputs_gathered", gs.inputs_gathered)?;
         g.set_item("lower_errors", gs.lower_errors)?;
         g.set_item("kernels", gs.kernels.clone())?;
         g.set_item("kernels_run", gs.kernels_run.clone())?;
@@ -801,6 +995,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sub.add_function(wrap_pyfunction!(set_raise_errors, &sub)?)?;
     sub.add_function(wrap_pyfunction!(raise_errors, &sub)?)?;
     sub.add_class::<GraphProgram>()?;
+    sub.add_class::<BoundaryLayout>()?;
     sub.add_class::<crate::strict_mode::StrictDispatch>()?;
     m.add_submodule(&sub)?;
     Ok(())

@@ -76,6 +76,18 @@ pub fn upload_input<'a>(
     client.host_input(data, element, &dims).map_err(|e| e.to_string())
 }
 
+/// [`upload_input`] through `views`: an input at the address, type and shape of a recent one
+/// (a parameter, each step) takes its cached view.
+pub fn upload_input_cached<'a>(
+    views: &pjrt::ViewCache,
+    client: &Client,
+    ty: &TensorType,
+    data: &'a [u8],
+) -> Result<HostInput<'a>, String> {
+    let (element, dims) = pjrt_shape(ty)?;
+    views.input(client, data, element, &dims).map_err(|e| e.to_string())
+}
+
 /// Every input as an execution input (see [`upload_input`]); the error names the input.
 pub fn upload_all<'a>(
     client: &Client,

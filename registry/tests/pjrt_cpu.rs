@@ -222,10 +222,20 @@ fn the_view_cache_hands_out_views_of_exactly_the_memory_asked_for() {
             assert_eq!(out, vec![1024.0 * (k + round) as f32], "input {k}, round {round}");
         }
     }
+    assert!(cache.len() <= VIEW_CACHE_SIZE, "the cache outgrew its capacity: {}", cache.len());
     // The same address with another shape is another view.
     let bytes = bytemuck_bytes(&hosts[0]);
     let two = cache.input(&client, &bytes[..2048], ElementType::F32, &[2, 256]).unwrap();
     assert_eq!(two.dims(), &[2, 256]);
+
+    // A larger cache keeps every input of a program: the second round makes no new view.
+    let big = ViewCache::with_capacity(4 * VIEW_CACHE_SIZE);
+    for _ in 0..2 {
+        for host in &hosts {
+            big.input(&client, bytemuck_bytes(host), ElementType::F32, &[1024]).unwrap();
+        }
+        assert_eq!(big.len(), hosts.len());
+    }
 }
 
 fn bytemuck_bytes(v: &[f32]) -> &[u8] {

@@ -1,5 +1,6 @@
 //! Execution inputs read where they are: PJRT views of host memory, and a cache of them.
 
+use std::collections::HashMap;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
@@ -55,13 +56,20 @@ impl Client {
 /// is handed out only inside a [`HostInput`] that borrows exactly the memory it describes, so it
 /// is executed only while that memory is valid; in between it is never read, and destroying it
 /// does not touch the memory (its on-delete callback does nothing).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ViewCache {
-    /// Most recently used first.
-    entries: Mutex<Vec<(ViewKey, Arc<Buffer>)>>,
+    capacity: usize,
+    state: Mutex<Views>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
+struct Views {
+    /// Each view with the tick of its last use.
+    entries: HashMap<ViewKey, (Arc<Buffer>, u64)>,
+    tick: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ViewKey {
     address: usize,
     len: usize,
@@ -69,10 +77,22 @@ struct ViewKey {
     dims: Box<[i64]>,
 }
 
-/// Views a [`ViewCache`] keeps: the inputs of a few layers' worth of ops.
+/// Views a default [`ViewCache`] keeps: the inputs of a few layers' worth of ops.
 pub const VIEW_CACHE_SIZE: usize = 64;
 
+impl Default for ViewCache {
+    fn default() -> ViewCache {
+        ViewCache::with_capacity(VIEW_CACHE_SIZE)
+    }
+}
+
 impl ViewCache {
+    /// A cache keeping the `capacity` most recently used views (a compiled program's inputs
+    /// are a model's parameters and saved activations: hundreds).
+    pub fn with_capacity(capacity: usize) -> ViewCache {
+        ViewCache { capacity: capacity.max(1), state: Mutex::new(Views::default()) }
+    }
+
     /// `data` as an execution input (see [`Client::host_input`]), through a cached view when a
     /// recent input occupied the same memory with the same type and shape.
     pub fn input<'a>(
@@ -86,16 +106,14 @@ impl ViewCache {
         if data.is_empty() || !address.is_multiple_of(VIEW_ALIGNMENT) {
             return client.host_input(data, ty, dims);
         }
-        let same = |k: &ViewKey| {
-            k.address == address && k.len == data.len() && k.ty == ty && *k.dims == *dims
-        };
-        if let Ok(mut entries) = self.entries.lock()
-            && let Some(i) = entries.iter().position(|(k, _)| same(k))
-        {
-            let entry = entries.remove(i);
-            let buffer = entry.1.clone();
-            entries.insert(0, entry);
-            return Ok(HostInput { buffer, _data: PhantomData });
+        let key = ViewKey { address, len: data.len(), ty, dims: dims.into() };
+        if let Ok(mut st) = self.state.lock() {
+            st.tick += 1;
+            let tick = st.tick;
+            if let Some((buffer, used)) = st.entries.get_mut(&key) {
+                *used = tick;
+                return Ok(HostInput { buffer: buffer.clone(), _data: PhantomData });
+            }
         }
         // SAFETY: see the type's comment: the view leaves the cache only inside a `HostInput`
         // borrowing exactly these bytes, and is never donated or read otherwise.
@@ -104,11 +122,27 @@ impl ViewCache {
             Ok(None) | Err(Error::Pjrt { .. }) => return client.host_input(data, ty, dims),
             Err(e) => return Err(e),
         };
-        if let Ok(mut entries) = self.entries.lock() {
-            let key = ViewKey { address, len: data.len(), ty, dims: dims.into() };
-            entries.insert(0, (key, view.clone()));
-            entries.truncate(VIEW_CACHE_SIZE);
+        if let Ok(mut st) = self.state.lock() {
+            if st.entries.len() >= self.capacity {
+                // Evict the least recently used eighth at once, so a full cache scans rarely.
+                let mut ticks: Vec<u64> = st.entries.values().map(|(_, t)| *t).collect();
+                ticks.sort_unstable();
+                let cut = ticks[(self.capacity / 8).min(ticks.len() - 1)];
+                st.entries.retain(|_, (_, t)| *t > cut);
+            }
+            let tick = st.tick;
+            st.entries.insert(key, (view.clone(), tick));
         }
         Ok(HostInput { buffer: view, _data: PhantomData })
+    }
+
+    /// How many views the cache holds.
+    pub fn len(&self) -> usize {
+        self.state.lock().map(|st| st.entries.len()).unwrap_or(0)
+    }
+
+    /// Whether the cache holds no view.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

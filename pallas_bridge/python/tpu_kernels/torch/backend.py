@@ -63,12 +63,17 @@ def decompositions() -> dict:
     return table
 
 
-def _out_meta(gm: torch.fx.GraphModule):
-    """(single, [meta val or None per output]) of a graph's output node."""
+def _out_items(gm: torch.fx.GraphModule):
+    """(single, [node or None per output]) of a graph's output node."""
     out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     (result,) = out.args
     single = not isinstance(result, (tuple, list))
-    items = [result] if single else list(result)
+    return single, [result] if single else list(result)
+
+
+def _out_meta(gm: torch.fx.GraphModule):
+    """(single, [meta val or None per output]) of a graph's output node."""
+    single, items = _out_items(gm)
     return single, [None if r is None else r.meta.get("val") for r in items]
 
 
@@ -110,20 +115,23 @@ class _Program:
         # is compiled under a fake tensor mode that real tensors must not enter.
         self.constants: list | None = None
         self.single, self.metas = _out_meta(gm)
-        # Inputs the program takes in their traced physical order (`_physical_layouts`): the
-        # permutation that makes such an argument row-major; None when no input has one.
-        self.in_perms = in_perms if any(p is not None for p in in_perms) else None
-        # Per output: None (left out), False (the row-major result as is), a permutation (the
-        # program returns the traced physical order; the view back is free), or the traced
-        # value whose layout a copy gives (`_restride`). Decided once, so a run only converts.
+        # Inputs and outputs that cross in their traced physical order (`_physical_layouts`):
+        # the native run reads such an input in place and returns such an output as the
+        # permuted view of the program's result; None when there are none.
+        self.layout = None
+        if any(p is not None for p in in_perms) or any(p is not None for p in out_perms):
+            # The program returns the outputs that are not None, in order.
+            present = [p for r, p in zip(_out_items(gm)[1], out_perms) if r is not None]
+            self.layout = native().BoundaryLayout(in_perms, present)
+        # Per output: None (left out), False (the result as the native run returns it) or the
+        # traced value whose layout a copy gives (`_restride`: broadcast outputs, views into a
+        # larger tensor). Decided once, so a run only converts.
         self.layouts = []
         for m, perm in zip(self.metas, out_perms):
             if m is None:
                 self.layouts.append(None)
-            elif perm is not None:
-                self.layouts.append(_inverse(perm))
             else:
-                self.layouts.append(_needs_layout(m) and m)
+                self.layouts.append(perm is None and _needs_layout(m) and m)
         self.plain = all(lay is False for lay in self.layouts)
 
     def __call__(self, *args):
@@ -132,19 +140,12 @@ class _Program:
         try:
             if self.constants is None:
                 self.constants = graph_constants(self.gm)
-            # The native import reads tensors that require grad as they are; only a strided
-            # input is copied.
-            if self.in_perms is None:
-                tensors = [a if a.is_contiguous() else a.contiguous() for a in args]
-            else:
-                tensors = []
-                for a, perm in zip(args, self.in_perms):
-                    if perm is not None:
-                        a = a.permute(perm)
-                    tensors.append(a if a.is_contiguous() else a.contiguous())
+            # The native run reads each tensor where it is (requiring grad or not), gathering
+            # only one laid out otherwise than the program reads it.
+            tensors = list(args)
             if self.constants:
                 tensors += self.constants
-            caps = self.program.run(tensors)
+            caps = self.program.run(tensors, self.layout)
         except Exception as e:  # a kernel-side failure: run the graph in PyTorch
             _report.record_fallback(
                 f"graph:{self.program.name}", "replay", f"graph ran in PyTorch: {type(e).__name__}: {e}"
@@ -160,12 +161,7 @@ class _Program:
                 outs.append(None)
                 continue
             t = as_tensor(next(it))
-            if layout is False:
-                outs.append(t)
-            elif isinstance(layout, list):
-                outs.append(t.permute(layout))
-            else:
-                outs.append(_restride(t, layout))
+            outs.append(t if layout is False else _restride(t, layout))
         return outs[0] if self.single else tuple(outs)
 
 
@@ -202,10 +198,7 @@ def _physical_layouts(gm: torch.fx.GraphModule):
     `gm` itself when nothing changes."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     in_perms = [_dense_perm(n.meta.get("val")) for n in placeholders]
-    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    (result,) = out_node.args
-    items = [result] if not isinstance(result, (tuple, list)) else list(result)
-    out_perms = [None if r is None else _dense_perm(r.meta.get("val")) for r in items]
+    out_perms = [None if r is None else _dense_perm(r.meta.get("val")) for r in _out_items(gm)[1]]
     if all(p is None for p in in_perms) and all(p is None for p in out_perms):
         return gm, in_perms, out_perms
     aten = torch.ops.aten
