@@ -25,6 +25,10 @@ class _Local:
     fused_ops: int = 0
     fused_reasons: dict = field(default_factory=lambda: defaultdict(int))
     compiled_graphs: list = field(default_factory=list)
+    # Runs of compiled graphs' programs through the backend, and the seconds they took from the
+    # backend's entry to its return (the program's run, argument and output handling).
+    graph_calls: int = 0
+    graph_call_time_s: float = 0.0
     eager_nodes: dict = field(default_factory=lambda: defaultdict(int))
     eager_reasons: dict = field(default_factory=dict)
 
@@ -72,6 +76,12 @@ def record_fused_flush(n_ops: int, reason: str) -> None:
         LOCAL.fused_flushes += 1
         LOCAL.fused_ops += n_ops
         LOCAL.fused_reasons[reason] += 1
+
+
+def record_graph_call(seconds: float) -> None:
+    with LOCAL.lock:
+        LOCAL.graph_calls += 1
+        LOCAL.graph_call_time_s += seconds
 
 
 def record_graph(name: str, kernels: list[str], n_nodes: int, eager: dict[str, str]) -> None:
@@ -166,6 +176,14 @@ class Report:
         cg = self.compiled
         if cg["graphs"]:
             lines.append(f"torch.compile: {len(cg['graphs'])} graphs lowered")
+            if cg["calls"]:
+                handling = cg["call_time_s"] - g.get("run_time_s", 0.0)
+                lines.append(
+                    f"  {cg['calls']} program calls, {cg['call_time_s'] * 1e3:.2f} ms in the backend: "
+                    f"{g.get('run_time_s', 0.0) * 1e3:.2f} ms running programs (PJRT: inputs viewed, execution, "
+                    f"outputs), {handling * 1e3:.2f} ms handling arguments and outputs "
+                    f"({handling / cg['calls'] * 1e6:.0f} us a call)"
+                )
             for gr in cg["graphs"]:
                 lines.append(f"  {gr['name']}: {gr['nodes']} nodes, kernels: {', '.join(gr['kernels']) or '-'}")
             if cg["eager_nodes"]:
@@ -191,6 +209,8 @@ def report() -> Report:
         fused = {"flushes": LOCAL.fused_flushes, "ops": LOCAL.fused_ops, "reasons": dict(LOCAL.fused_reasons)}
         compiled = {
             "graphs": list(LOCAL.compiled_graphs),
+            "calls": LOCAL.graph_calls,
+            "call_time_s": LOCAL.graph_call_time_s,
             "eager_nodes": dict(LOCAL.eager_nodes),
             "eager_reasons": dict(LOCAL.eager_reasons),
         }

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import operator
 import re
+import time
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -135,6 +136,7 @@ class _Program:
         self.plain = all(lay is False for lay in self.layouts)
 
     def __call__(self, *args):
+        start = time.perf_counter()
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
         try:
@@ -153,15 +155,16 @@ class _Program:
             return self.gm(*args)
         if self.plain:
             outs = [as_tensor(c) for c in caps]
-            return outs[0] if self.single else tuple(outs)
-        outs = []
-        it = iter(caps)
-        for layout in self.layouts:
-            if layout is None:
-                outs.append(None)
-                continue
-            t = as_tensor(next(it))
-            outs.append(t if layout is False else _restride(t, layout))
+        else:
+            outs = []
+            it = iter(caps)
+            for layout in self.layouts:
+                if layout is None:
+                    outs.append(None)
+                    continue
+                t = as_tensor(next(it))
+                outs.append(t if layout is False else _restride(t, layout))
+        _report.record_graph_call(time.perf_counter() - start)
         return outs[0] if self.single else tuple(outs)
 
 
