@@ -20,6 +20,7 @@ import graph_lowering  # noqa: E402
 import trace_gpt_block  # noqa: E402
 
 torch = pytest.importorskip("torch")
+import transformers.integrations.moe  # noqa: E402,F401  (defines transformers::grouped_mm_fallback)
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 from tpu_kernels.torch.graph import fx_to_json  # noqa: E402
 
@@ -219,6 +220,20 @@ CASES = {
         ),
         [randn(2, 3, 5, 4), randn(2, 3, 9, 8)],
     ),
+    # mixture of experts: transformers' grouped matmul (an empty group, rows past the last
+    # offset), the tokens-per-expert histogram
+    "grouped_mm": (
+        lambda x, w, o: torch.ops.transformers.grouped_mm_fallback(x, w, o),
+        [randn(9, 5), randn(4, 5, 3), torch.tensor([2, 2, 6, 8])],
+    ),
+    "grouped_mm_backward": (
+        lambda x, w, o, g_: torch.ops.transformers.grouped_mm_fallback_backward(x, w, o, g_),
+        [randn(9, 5), randn(4, 5, 3), torch.tensor([2, 2, 6, 8], dtype=torch.int32), randn(9, 3)],
+    ),
+    "histc": (
+        lambda x, c: (a.histc(x, 4), a.histc(x, 5, -1.0, 1.0), a.histc(c, 3)),
+        [torch.tensor([0.0, 3.0, 1.0, 2.0, 2.9, 3.0, -0.5, 1.5]), torch.full((4,), 2.0)],
+    ),
     "any_dim": (lambda x: a.any.dim(x, 1), [randn(3, 4) > 1.0]),
     "any_dims_keepdim": (lambda x: a.any.dims(x, [0, 2], True), [randint(0, 2, 2, 3, 4)]),
     "any_all_float": (lambda x: a.any(x), [torch.tensor([[0.0, 0.0], [0.0, -2.0]])]),
@@ -354,7 +369,7 @@ def test_the_cases_cover_the_table():
         # (empty, empty_like: lowered as zeros).
         "aten::reshape.default", "aten::detach.default", "aten::lift_fresh_copy.default",
         "aten::where.ScalarOther", "aten::where.ScalarSelf", "aten::where.Scalar",
-        "aten::empty_like.default", "aten::empty.memory_format",
+        "aten::empty_like.default", "aten::empty.memory_format", "aten::empty_permuted.default",
     }
     missing = sorted(table - called - untested)
     assert not missing, f"table ops without a numerics case: {missing}"

@@ -52,6 +52,7 @@
 
 mod conv;
 mod elementwise;
+mod moe;
 mod nn;
 mod reduce;
 mod shape;
@@ -241,6 +242,11 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::_native_batch_norm_legit_functional.default", conv::batch_norm_functional),
     ("aten::max_pool2d_with_indices.default", conv::max_pool2d_with_indices),
     ("aten::max_pool2d_with_indices_backward.default", conv::max_pool2d_with_indices_backward),
+    // mixture of experts: grouped matmul, tokens per expert
+    ("transformers::grouped_mm_fallback.default", moe::grouped_mm),
+    ("transformers::grouped_mm_fallback_backward.default", moe::grouped_mm_backward),
+    ("aten::histc.default", moe::histc),
+    ("aten::empty_permuted.default", moe::empty_permuted),
     // linear algebra
     ("aten::mm.default", nn::mm),
     ("aten::bmm.default", nn::bmm),
