@@ -234,6 +234,16 @@ CASES = {
         lambda x, c: (a.histc(x, 4), a.histc(x, 5, -1.0, 1.0), a.histc(c, 3)),
         [torch.tensor([0.0, 3.0, 1.0, 2.0, 2.9, 3.0, -0.5, 1.5]), torch.full((4,), 2.0)],
     ),
+    # sorting: NaN above every number, ties in index order
+    "sort_nan_ties": (
+        lambda x: (*a.sort(x, 1), *a.sort(x, 0, True)),
+        [torch.tensor([[3.0, float("nan"), 1.0, 3.0, -2.0], [0.5, 0.5, float("nan"), float("nan"), -1.0]])],
+    ),
+    "sort_stable_int": (lambda i: tuple(a.sort.stable(i, stable=True, dim=-1, descending=True)), [randint(0, 4, 3, 9)]),
+    "topk": (
+        lambda x: (*a.topk(x, 2), *a.topk(x, 3, 0, False)),
+        [randn(4, 6)],
+    ),
     "any_dim": (lambda x: a.any.dim(x, 1), [randn(3, 4) > 1.0]),
     "any_dims_keepdim": (lambda x: a.any.dims(x, [0, 2], True), [randint(0, 2, 2, 3, 4)]),
     "any_all_float": (lambda x: a.any(x), [torch.tensor([[0.0, 0.0], [0.0, -2.0]])]),

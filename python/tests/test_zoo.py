@@ -23,16 +23,10 @@ pytest.importorskip("diffusers")
 import zoo  # noqa: E402
 from tpu_kernels.testing import no_fallbacks  # noqa: E402
 
-# Ops a model's compiled graphs leave to PyTorch, with why. Everything else lowers.
-LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {
-    "mixtral": {
-        # The routing: which experts each token takes and the tokens grouped by expert. The
-        # table has no sort; these nodes run in PyTorch between the programs (the counted
-        # routing break the zoo allows for mixture-of-experts models).
-        "aten::sort.default": "no lowering yet (tokens grouped by expert)",
-        "aten::topk.default": "no lowering yet (the router's top-k experts)",
-    },
-}
+# Ops a model's compiled graphs may leave to PyTorch, by model, with why (the compiled test
+# fails on any other node left, and on an entry no longer needed). None today: every zoo
+# model's graphs lower whole, Mixtral's routing (sort, top-k, histc, grouped matmuls) included.
+LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {}
 
 # Eager paths a model cannot take yet, with why: the test checks that they still fail that way.
 NOT_YET: dict[tuple[str, str], str] = {

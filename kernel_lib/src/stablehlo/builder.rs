@@ -573,6 +573,36 @@ impl KernelBuilder {
         self.push1(Op::Reverse { operand, dims: dims.to_vec() })
     }
 
+    /// `stablehlo.sort` of `operands` (one shape) along `dim`, all permuted alike; `less`
+    /// receives the two elements compared of each operand (`lhs_0, rhs_0, lhs_1, rhs_1, ...`,
+    /// scalars) and returns an `i1` scalar, true when the lhs goes first. `stable` keeps the
+    /// order of elements neither goes before.
+    pub fn sort<'b>(
+        &'b self,
+        operands: &[Tensor<'b>],
+        dim: i64,
+        stable: bool,
+        less: impl FnOnce(&[Tensor<'b>]) -> Result<Tensor<'b>, BuildError>,
+    ) -> Result<Vec<Tensor<'b>>, BuildError> {
+        let op = "stablehlo.sort";
+        let operands: Vec<ValueId> =
+            operands.iter().map(|x| self.check(op, *x)).collect::<Result<_, _>>()?;
+        let arg_types: Vec<TensorType> = operands
+            .iter()
+            .flat_map(|v| {
+                let s = TensorType::scalar(self.ty_of(*v).dtype);
+                [s.clone(), s]
+            })
+            .collect();
+        let (_, args) = self.open_arg_scope(&arg_types);
+        let arg_tensors: Vec<Tensor<'b>> = args.iter().map(|a| self.tensor(*a)).collect();
+        let comparator = self.region(op, || Ok(vec![less(&arg_tensors)?]));
+        self.close_scope();
+        let comparator = comparator?;
+        let results = self.push(Op::Sort { operands, dim, stable, args, comparator })?;
+        Ok(results.into_iter().map(|r| self.tensor(r)).collect())
+    }
+
     /// `stablehlo.while`: carries `init` while `cond` (returning an `i1` scalar) holds, updating
     /// with `body`. Both closures receive the carried values.
     pub fn while_loop<'b>(

@@ -360,6 +360,15 @@ pub enum Op {
         operand: ValueId,
         dims: Vec<i64>,
     },
+    /// `args` are the comparator's block arguments: for each operand, the two elements
+    /// compared (`lhs_0, rhs_0, lhs_1, rhs_1, ...`); it returns an `i1` scalar, "lhs first".
+    Sort {
+        operands: Vec<ValueId>,
+        dim: i64,
+        stable: bool,
+        args: Vec<ValueId>,
+        comparator: RegionId,
+    },
     /// `args` are the loop-carried values, shared by the condition and body regions.
     While {
         operands: Vec<ValueId>,
@@ -409,6 +418,7 @@ impl Op {
             Op::DotGeneral { .. } => "stablehlo.dot_general",
             Op::Convolution { .. } => "stablehlo.convolution",
             Op::Reverse { .. } => "stablehlo.reverse",
+            Op::Sort { .. } => "stablehlo.sort",
             Op::While { .. } => "stablehlo.while",
             Op::Case { .. } => "stablehlo.case",
             Op::Call { .. } => "func.call",
@@ -439,7 +449,9 @@ impl Op {
             Op::DynamicUpdateSlice { operand, update, starts } => {
                 [*operand, *update].into_iter().chain(starts.iter().copied()).collect()
             }
-            Op::Concatenate { operands, .. } | Op::While { operands, .. } => operands.clone(),
+            Op::Concatenate { operands, .. }
+            | Op::While { operands, .. }
+            | Op::Sort { operands, .. } => operands.clone(),
             Op::Pad { operand, value, .. } => vec![*operand, *value],
             Op::Reduce { operands, inits, .. } => {
                 operands.iter().chain(inits.iter()).copied().collect()
@@ -453,6 +465,7 @@ impl Op {
     pub fn regions(&self) -> Vec<RegionId> {
         match self {
             Op::Reduce { body, .. } => vec![*body],
+            Op::Sort { comparator, .. } => vec![*comparator],
             Op::While { cond, body, .. } => vec![*cond, *body],
             Op::Case { branches, .. } => branches.clone(),
             _ => vec![],
@@ -462,7 +475,7 @@ impl Op {
     /// Block arguments the op's regions declare.
     pub fn region_args(&self) -> &[ValueId] {
         match self {
-            Op::Reduce { args, .. } | Op::While { args, .. } => args,
+            Op::Reduce { args, .. } | Op::While { args, .. } | Op::Sort { args, .. } => args,
             _ => &[],
         }
     }
@@ -1057,6 +1070,41 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<TensorType>, OpError> {
             let t = ty(operand);
             check_axes("reverse dimension", dims, t.rank())?;
             one(t)
+        }
+        Op::Sort { operands, dim, args, comparator, .. } => {
+            let Some(first) = operands.first().map(&ty) else {
+                return Err(op_err!(Region, "sort needs at least one operand"));
+            };
+            check_axes("sort dimension", &[*dim], first.rank())?;
+            let types: Vec<TensorType> = operands.iter().map(&ty).collect();
+            if let Some(t) = types.iter().find(|t| t.shape != first.shape) {
+                return Err(op_err!(Shape, "sort operands {first} and {t} differ in shape"));
+            }
+            let want: Vec<TensorType> = types
+                .iter()
+                .flat_map(|t| {
+                    let s = TensorType::scalar(t.dtype);
+                    [s.clone(), s]
+                })
+                .collect();
+            let got: Vec<TensorType> = args.iter().map(&ty).collect();
+            if got != want {
+                return Err(op_err!(
+                    Region,
+                    "sort comparator takes {} but the operands need {}",
+                    list(&got),
+                    list(&want)
+                ));
+            }
+            let returns = cx.region_result_types(*comparator);
+            if returns != [TensorType::scalar(DType::Bool)] {
+                return Err(op_err!(
+                    Region,
+                    "sort comparator returns {} but must return tensor<i1>",
+                    list(&returns)
+                ));
+            }
+            Ok(types)
         }
         Op::While { operands, args, cond, body } => {
             let types: Vec<TensorType> = operands.iter().map(&ty).collect();

@@ -404,6 +404,26 @@ impl<'a> FnPrinter<'a> {
                 self.out.push_str("}\n");
                 return;
             }
+            Op::Sort { operands, dim, stable, args, comparator } => {
+                let ft = self.functional(operands, res);
+                let names = self.names(operands);
+                let lhs = self.bind(res);
+                let _ = writeln!(self.out, "{lhs}\"stablehlo.sort\"({names}) ({{");
+                for a in args {
+                    self.fresh(*a);
+                }
+                let params: Vec<String> =
+                    args.iter().map(|a| format!("{}: {}", self.name(*a), self.ty(*a))).collect();
+                self.indent(level);
+                let _ = writeln!(self.out, "^bb0({}):", params.join(", "));
+                self.region_body(*comparator, level + 1, "stablehlo.return");
+                self.indent(level);
+                let _ = writeln!(
+                    self.out,
+                    "}}) {{dimension = {dim} : i64, is_stable = {stable}}} : {ft}"
+                );
+                return;
+            }
             Op::Case { index, branches } => {
                 let ft = self.functional(&[*index], res);
                 let idx = self.name(*index).to_owned();

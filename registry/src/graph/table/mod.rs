@@ -216,6 +216,9 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::any.dims", reduce::any),
     ("aten::any.default", reduce::any),
     ("aten::cumsum.default", reduce::cumsum),
+    ("aten::sort.default", reduce::sort),
+    ("aten::sort.stable", reduce::sort),
+    ("aten::topk.default", reduce::topk),
     ("aten::native_group_norm.default", reduce::group_norm),
     // shapes
     ("aten::view.default", shape::view),

@@ -363,3 +363,76 @@ pub(super) fn group_norm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         convert(b, b.reshape(rstd, stats)?, x.dtype())?,
     ])
 }
+
+// ----- sorting -----
+
+/// `x` sorted along `d` with its indices (i64), stably; NaN orders above every number, as in
+/// PyTorch (last ascending, first descending).
+fn sorted<'b>(
+    b: &'b KernelBuilder,
+    x: Tensor<'b>,
+    d: usize,
+    descending: bool,
+) -> R<(Tensor<'b>, Tensor<'b>)> {
+    if x.dtype() == DType::Bool {
+        return bad(format!("sort needs a numeric input, got {}", x.ty()));
+    }
+    let idx = b.iota(x.ty().with_dtype(DType::I64), d as i64)?;
+    let float = x.dtype().is_float();
+    let r = b.sort(&[x, idx], d as i64, true, |a| {
+        let (l, r) = (a[0], a[1]);
+        let (first, second, dir) =
+            if descending { (r, l, Direction::Lt) } else { (l, r, Direction::Lt) };
+        // `first` before `second` when it is smaller (the order reversed for descending).
+        let lt = b.compare(dir, first, second)?;
+        if !float {
+            return Ok(lt);
+        }
+        let first_num = b.compare(Direction::Eq, first, first)?;
+        let second_nan = b.compare(Direction::Ne, second, second)?;
+        b.binary(BinaryOp::Or, lt, b.binary(BinaryOp::And, first_num, second_nan)?)
+    })?;
+    Ok((r[0], r[1]))
+}
+
+/// `sort(self, dim=-1, descending=False)` and `sort.stable(self, *, stable, dim, descending)`:
+/// `(values, indices)`; always stable (ties keep their order).
+pub(super) fn sort<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let stable_overload = cx.node.op.ends_with(".stable");
+    let (dim, descending) = if stable_overload {
+        (cx.int_or(usize::MAX, "dim", -1)?, cx.bool_or(usize::MAX, "descending", false)?)
+    } else {
+        (cx.int_or(1, "dim", -1)?, cx.bool_or(2, "descending", false)?)
+    };
+    if x.rank() == 0 {
+        return Ok(vec![x, scalar_const(cx.b, DType::I64, Scalar::Int(0))?]);
+    }
+    let d = axis(dim, x.rank())?;
+    let (v, i) = sorted(cx.b, x, d, descending)?;
+    Ok(vec![v, i])
+}
+
+/// `topk(self, k, dim=-1, largest=True, sorted=True)`: the `k` largest (smallest) along `dim`,
+/// in order, with their indices; among equal values the lower index first.
+pub(super) fn topk<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "self")?;
+    let k = cx.int(1, "k")?;
+    let largest = cx.bool_or(3, "largest", true)?;
+    let d = axis(cx.int_or(2, "dim", -1)?, x.rank())?;
+    let size = if x.rank() == 0 { 1 } else { dims_of(x)?[d] as i64 };
+    if k < 0 || k > size {
+        return bad(format!("topk: k = {k} out of range for dim {d} of {}", x.ty()));
+    }
+    if x.rank() == 0 {
+        return Ok(vec![x, scalar_const(b, DType::I64, Scalar::Int(0))?]);
+    }
+    let (v, i) = sorted(b, x, d, largest)?;
+    let dims = dims_of(x)?;
+    let start = vec![0i64; dims.len()];
+    let mut limit: Vec<i64> = dims.iter().map(|&n| n as i64).collect();
+    limit[d] = k;
+    let strides = vec![1i64; dims.len()];
+    Ok(vec![b.slice(v, &start, &limit, &strides)?, b.slice(i, &start, &limit, &strides)?])
+}
