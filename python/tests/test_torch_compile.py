@@ -177,4 +177,38 @@ def test_permuted_layouts_cross_the_program_boundary_without_copies():
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "call_function"):
             n.meta["val"] = torch.empty(2, 3)
-    assert backend._physical_layouts(gm)[0] is gm
+    assert backend._boundary(gm)[0] is gm
+
+
+def test_inputs_and_repeats_among_the_outputs_are_not_program_outputs():
+    """A graph output that is a graph input (AOT's forward returns the parameters the backward
+    saves) is the argument itself, and a repeated output the same tensor: neither is a program
+    output, which XLA would copy into a fresh buffer."""
+    torch._dynamo.reset()
+    seen = []
+
+    def spy(gm, example_inputs):
+        compiled = backend.tpu_kernels_backend(gm, example_inputs)
+        seen.append(gm)
+        return compiled
+
+    def f(x, y):
+        z = F.silu(y) * 2
+        return x, z, z
+
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    with no_fallbacks(kernels=["silu"], programs=1):
+        got = torch.compile(f, backend=spy)(x, y)
+    assert got[0] is x
+    assert got[1] is got[2]
+    torch.testing.assert_close(got[1], f(x, y)[1])
+
+    # The lowering: the program returns z once, and the sources say where the others come from.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    gm = make_fx(f)(x, y)
+    work, _, out_perms, sources = backend._boundary(gm)
+    assert sources == [("arg", 0), ("out", 0), ("same", 1)]
+    assert len(out_perms) == 1
+    program_outputs = [r for r in next(n for n in work.graph.nodes if n.op == "output").args[0] if r is not None]
+    assert len(program_outputs) == 1

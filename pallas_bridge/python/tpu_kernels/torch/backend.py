@@ -110,30 +110,33 @@ class _Program:
     graph in PyTorch instead, or raises under the "raise" error policy."""
 
     def __init__(self, lowered, gm: torch.fx.GraphModule) -> None:
-        self.program, in_perms, out_perms = lowered
+        self.program, in_perms, out_perms, sources = lowered
         self.gm = gm
         # The program's inputs after the placeholders: read at the first run, since the graph
         # is compiled under a fake tensor mode that real tensors must not enter.
         self.constants: list | None = None
-        self.single, self.metas = _out_meta(gm)
-        # Inputs and outputs that cross in their traced physical order (`_physical_layouts`):
-        # the native run reads such an input in place and returns such an output as the
-        # permuted view of the program's result; None when there are none.
+        self.single, metas = _out_meta(gm)
+        # Inputs and outputs that cross in their traced physical order (`_boundary`): the
+        # native run reads such an input in place and returns such an output as the permuted
+        # view of the program's result; None when there are none.
         self.layout = None
         if any(p is not None for p in in_perms) or any(p is not None for p in out_perms):
-            # The program returns the outputs that are not None, in order.
-            present = [p for r, p in zip(_out_items(gm)[1], out_perms) if r is not None]
-            self.layout = native().BoundaryLayout(in_perms, present)
-        # Per output: None (left out), False (the result as the native run returns it) or the
-        # traced value whose layout a copy gives (`_restride`: broadcast outputs, views into a
-        # larger tensor). Decided once, so a run only converts.
-        self.layouts = []
-        for m, perm in zip(self.metas, out_perms):
-            if m is None:
-                self.layouts.append(None)
-            else:
-                self.layouts.append(perm is None and _needs_layout(m) and m)
-        self.plain = all(lay is False for lay in self.layouts)
+            self.layout = native().BoundaryLayout(in_perms, out_perms)
+        # Per graph output, decided once so that a run only converts: None (the output is
+        # None), ("arg", k) (the argument itself), ("same", i) (graph output i again), or
+        # ("out", j, layout) with layout False (program output j as the run returns it) or the
+        # traced value whose strides a copy gives (`_restride`: broadcast outputs, views into a
+        # larger tensor).
+        self.sources = []
+        for meta, src in zip(metas, sources):
+            if src is not None and src[0] == "out":
+                perm = out_perms[src[1]]
+                src = ("out", src[1], perm is None and _needs_layout(meta) and meta)
+            self.sources.append(src)
+        self.plain = all(
+            src is not None and src[0] == "out" and src[1] == i and src[2] is False
+            for i, src in enumerate(self.sources)
+        )
 
     def __call__(self, *args):
         start = time.perf_counter()
@@ -156,14 +159,18 @@ class _Program:
         if self.plain:
             outs = [as_tensor(c) for c in caps]
         else:
+            results = [as_tensor(c) for c in caps]
             outs = []
-            it = iter(caps)
-            for layout in self.layouts:
-                if layout is None:
+            for src in self.sources:
+                if src is None:
                     outs.append(None)
-                    continue
-                t = as_tensor(next(it))
-                outs.append(t if layout is False else _restride(t, layout))
+                elif src[0] == "out":
+                    t = results[src[1]]
+                    outs.append(t if src[2] is False else _restride(t, src[2]))
+                elif src[0] == "arg":
+                    outs.append(args[src[1]])
+                else:
+                    outs.append(outs[src[1]])
         _report.record_graph_call(time.perf_counter() - start)
         return outs[0] if self.single else tuple(outs)
 
@@ -191,19 +198,42 @@ def _inverse(perm: list[int]) -> list[int]:
     return inv
 
 
-def _physical_layouts(gm: torch.fx.GraphModule):
-    """`gm` rewritten so that inputs and outputs traced in a dense permuted layout (a weight's
-    transpose saved for the backward, attention's head-major views) cross the program boundary
-    in that physical order: such an input becomes a row-major placeholder permuted back inside
-    the program, such an output is permuted to its physical order inside it. XLA folds the
-    permutations into the ops around them; without them each crossing is a copy in PyTorch on
-    both sides. Returns (graph, per-input permutation or None, per-output permutation or None);
-    `gm` itself when nothing changes."""
+def _boundary(gm: torch.fx.GraphModule):
+    """`gm` rewritten for the program boundary, and how each graph output is obtained.
+
+    - An output that is a graph input (AOT's forward returns the parameters it saves for the
+      backward) or repeats an earlier output is not a program output: XLA would copy it into a
+      fresh buffer. The run hands back the argument itself, or the earlier output.
+    - Inputs and outputs traced in a dense permuted layout (a weight's transpose saved for the
+      backward, attention's head-major views) cross in that physical order: such an input
+      becomes a row-major placeholder permuted back inside the program, such an output is
+      permuted to its physical order inside it. XLA folds the permutations into the ops around
+      them; without them each crossing is a copy in PyTorch on both sides.
+
+    Returns (graph, per-input permutation or None, per-program-output permutation or None,
+    per-graph-output source): a source is None (the output is None), ("arg", k), ("same", i)
+    (graph output i) or ("out", j) (program output j). `gm` itself when nothing changes."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    position = {n: k for k, n in enumerate(placeholders)}
     in_perms = [_dense_perm(n.meta.get("val")) for n in placeholders]
-    out_perms = [None if r is None else _dense_perm(r.meta.get("val")) for r in _out_items(gm)[1]]
-    if all(p is None for p in in_perms) and all(p is None for p in out_perms):
-        return gm, in_perms, out_perms
+    _, items = _out_items(gm)
+    sources: list = []
+    first: dict = {}
+    out_perms: list = []
+    for i, r in enumerate(items):
+        if r is None:
+            sources.append(None)
+        elif r in position:
+            sources.append(("arg", position[r]))
+        elif r in first:
+            sources.append(("same", first[r]))
+        else:
+            first[r] = i
+            sources.append(("out", len(out_perms)))
+            out_perms.append(_dense_perm(r.meta.get("val")))
+    kept = all(src is None or src[0] == "out" for src in sources)
+    if kept and all(p is None for p in in_perms) and all(p is None for p in out_perms):
+        return gm, in_perms, out_perms, sources
     aten = torch.ops.aten
     work = _copy(gm)
     graph = work.graph
@@ -219,25 +249,32 @@ def _physical_layouts(gm: torch.fx.GraphModule):
     out_node = next(n for n in reversed(graph.nodes) if n.op == "output")
     (result,) = out_node.args
     single = not isinstance(result, (tuple, list))
-    items = [result] if single else list(result)
-    for i, (r, perm) in enumerate(zip(items, out_perms)):
+    work_items = [result] if single else list(result)
+    for i, (r, src) in enumerate(zip(work_items, sources)):
+        if src is None:
+            continue
+        if src[0] != "out":
+            work_items[i] = None
+            continue
+        perm = out_perms[src[1]]
         if perm is None:
             continue
         val = r.meta["val"]
         with graph.inserting_before(out_node):
             phys = graph.call_function(aten.permute.default, (r, perm))
         phys.meta["val"] = torch.empty([val.shape[d] for d in perm], dtype=val.dtype, device="meta")
-        items[i] = phys
-    out_node.args = (items[0] if single else type(result)(items),)
+        work_items[i] = phys
+    out_node.args = (work_items[0] if single else type(result)(work_items),)
     work.recompile()
-    return work, in_perms, out_perms
+    return work, in_perms, out_perms, sources
 
 
 def _lower(gm: torch.fx.GraphModule, name: str):
     from ._bindings import refused_kernels
 
-    work, in_perms, out_perms = _physical_layouts(gm)
-    return native().compile_graph(dumps(fx_to_json(work, name)), refused_kernels()), in_perms, out_perms
+    work, in_perms, out_perms, sources = _boundary(gm)
+    program = native().compile_graph(dumps(fx_to_json(work, name)), refused_kernels())
+    return program, in_perms, out_perms, sources
 
 
 _NODE_RE = re.compile(r"node `([^`]+)`")
