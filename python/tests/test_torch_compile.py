@@ -194,13 +194,15 @@ def test_inputs_and_repeats_among_the_outputs_are_not_program_outputs():
 
     def f(x, y):
         z = F.silu(y) * 2
-        return x, z, z
+        return x, z, z, x.t().unsqueeze(0), z.view(-1)
 
     x, y = torch.randn(4, 3), torch.randn(4, 3)
     with no_fallbacks(kernels=["silu"], programs=1):
         got = torch.compile(f, backend=spy)(x, y)
     assert got[0] is x
     assert got[1] is got[2]
+    assert got[3]._base is x and got[3].stride() == f(x, y)[3].stride()
+    assert got[4]._base is got[1]
     torch.testing.assert_close(got[1], f(x, y)[1])
 
     # The lowering: the program returns z once, and the sources say where the others come from.
@@ -208,7 +210,11 @@ def test_inputs_and_repeats_among_the_outputs_are_not_program_outputs():
 
     gm = make_fx(f)(x, y)
     work, _, out_perms, sources = backend._boundary(gm)
-    assert sources == [("arg", 0), ("out", 0), ("same", 1)]
+    aten = torch.ops.aten
+    assert sources == [
+        ("arg", 0), ("out", 0), ("same", 1), ("view", 0, [(aten.t.default, (), {}), (aten.unsqueeze.default, (0,), {})]),
+        ("view_of", 1, [(aten.view.default, ([-1],), {})]),
+    ]
     assert len(out_perms) == 1
     program_outputs = [r for r in next(n for n in work.graph.nodes if n.op == "output").args[0] if r is not None]
     assert len(program_outputs) == 1

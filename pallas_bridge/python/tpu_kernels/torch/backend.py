@@ -123,7 +123,8 @@ class _Program:
         if any(p is not None for p in in_perms) or any(p is not None for p in out_perms):
             self.layout = native().BoundaryLayout(in_perms, out_perms)
         # Per graph output, decided once so that a run only converts: None (the output is
-        # None), ("arg", k) (the argument itself), ("same", i) (graph output i again), or
+        # None), ("arg", k) (the argument itself), ("view", k, ops) (a view of it made again),
+        # ("same", i) (graph output i again), ("view_of", i, ops) (a view of graph output i), or
         # ("out", j, layout) with layout False (program output j as the run returns it) or the
         # traced value whose strides a copy gives (`_restride`: broadcast outputs, views into a
         # larger tensor).
@@ -160,19 +161,32 @@ class _Program:
             outs = [as_tensor(c) for c in caps]
         else:
             results = [as_tensor(c) for c in caps]
-            outs = []
-            for src in self.sources:
+            outs = [None] * len(self.sources)
+            later = []
+            for i, src in enumerate(self.sources):
                 if src is None:
-                    outs.append(None)
-                elif src[0] == "out":
+                    continue
+                kind = src[0]
+                if kind == "out":
                     t = results[src[1]]
-                    outs.append(t if src[2] is False else _restride(t, src[2]))
-                elif src[0] == "arg":
-                    outs.append(args[src[1]])
+                    outs[i] = t if src[2] is False else _restride(t, src[2])
+                elif kind == "arg":
+                    outs[i] = args[src[1]]
+                elif kind == "view":
+                    outs[i] = _replay(args[src[1]], src[2])
                 else:
-                    outs.append(outs[src[1]])
+                    later.append(i)
+            for i in later:
+                src = self.sources[i]
+                outs[i] = outs[src[1]] if src[0] == "same" else _replay(outs[src[1]], src[2])
         _report.record_graph_call(time.perf_counter() - start)
         return outs[0] if self.single else tuple(outs)
+
+
+def _replay(t: torch.Tensor, ops) -> torch.Tensor:
+    for op, op_args, op_kwargs in ops:
+        t = op(t, *op_args, **op_kwargs)
+    return t
 
 
 def _dense_perm(t) -> list[int] | None:
@@ -198,6 +212,34 @@ def _inverse(perm: list[int]) -> list[int]:
     return inv
 
 
+def _view_ops() -> frozenset:
+    aten = torch.ops.aten
+    return frozenset({
+        aten.t.default, aten.permute.default, aten.transpose.int, aten.view.default,
+        aten.alias.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+        aten.expand.default, aten.slice.Tensor, aten.select.int,
+    })
+
+
+def _view_chain(node):
+    """(root, [(op, args, kwargs), ...]): `node` as view ops with constant arguments applied to
+    `root`, innermost first (an empty chain when `node` is no such view)."""
+    views = _view_ops()
+    chain = []
+    while (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_function"
+        and node.target in views
+        and node.args
+        and isinstance(node.args[0], torch.fx.Node)
+        and not any(isinstance(a, torch.fx.Node) for a in node.args[1:])
+        and not any(isinstance(v, torch.fx.Node) for v in node.kwargs.values())
+    ):
+        chain.append((node.target, tuple(node.args[1:]), dict(node.kwargs)))
+        node = node.args[0]
+    return node, list(reversed(chain))
+
+
 def _boundary(gm: torch.fx.GraphModule):
     """`gm` rewritten for the program boundary, and how each graph output is obtained.
 
@@ -210,25 +252,42 @@ def _boundary(gm: torch.fx.GraphModule):
       permuted to its physical order inside it. XLA folds the permutations into the ops around
       them; without them each crossing is a copy in PyTorch on both sides.
 
+    - An output that is a view of a graph input (a weight's transpose saved for the backward)
+      or of another output is that view made again by the run (a few microseconds), not a
+      program output (XLA copies every output that shares another's buffer: a whole weight
+      each step).
+
     Returns (graph, per-input permutation or None, per-program-output permutation or None,
-    per-graph-output source): a source is None (the output is None), ("arg", k), ("same", i)
-    (graph output i) or ("out", j) (program output j). `gm` itself when nothing changes."""
+    per-graph-output source): a source is None (the output is None), ("arg", k), ("view", k,
+    [(op, args, kwargs), ...]) (view ops applied to argument k), ("same", i) (graph output i),
+    ("view_of", i, ops) (view ops applied to graph output i, itself a program output) or
+    ("out", j) (program output j). `gm` itself when nothing changes."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     position = {n: k for k, n in enumerate(placeholders)}
     in_perms = [_dense_perm(n.meta.get("val")) for n in placeholders]
     _, items = _out_items(gm)
+    # A graph output that is an input, a view of one, a repeat or a view of another output
+    # comes from that; the rest are program outputs, each node once.
+    direct = {}
+    for i, r in enumerate(items):
+        if r is not None and r not in position:
+            direct.setdefault(r, i)
     sources: list = []
-    first: dict = {}
     out_perms: list = []
     for i, r in enumerate(items):
         if r is None:
             sources.append(None)
-        elif r in position:
+            continue
+        root, chain = _view_chain(r)
+        if r in position:
             sources.append(("arg", position[r]))
-        elif r in first:
-            sources.append(("same", first[r]))
+        elif root in position:
+            sources.append(("view", position[root], chain))
+        elif direct[r] != i:
+            sources.append(("same", direct[r]))
+        elif chain and root in direct and direct[root] != i:
+            sources.append(("view_of", direct[root], chain))
         else:
-            first[r] = i
             sources.append(("out", len(out_perms)))
             out_perms.append(_dense_perm(r.meta.get("val")))
     kept = all(src is None or src[0] == "out" for src in sources)
