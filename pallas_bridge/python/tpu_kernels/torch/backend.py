@@ -184,8 +184,9 @@ class _Program:
 
 
 def _replay(t: torch.Tensor, ops) -> torch.Tensor:
-    for op, op_args, op_kwargs in ops:
-        t = op(t, *op_args, **op_kwargs)
+    """`t` through the view methods of a `_view_chain`."""
+    for method, args in ops:
+        t = t.view_as(t) if args is None else getattr(t, method)(*args)
     return t
 
 
@@ -212,30 +213,47 @@ def _inverse(perm: list[int]) -> list[int]:
     return inv
 
 
-def _view_ops() -> frozenset:
+def _view_methods() -> dict:
+    """The view ops a boundary output may be made again with, each as the tensor method that
+    makes it (a C++ binding: about a microsecond, where the op overload's Python call costs
+    several)."""
     aten = torch.ops.aten
-    return frozenset({
-        aten.t.default, aten.permute.default, aten.transpose.int, aten.view.default,
-        aten.alias.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
-        aten.expand.default, aten.slice.Tensor, aten.select.int,
-    })
+    return {
+        aten.t.default: "t", aten.permute.default: "permute", aten.transpose.int: "transpose",
+        aten.view.default: "view", aten.alias.default: "view_as", aten.unsqueeze.default: "unsqueeze",
+        aten.squeeze.dim: "squeeze", aten.squeeze.dims: "squeeze", aten.expand.default: "expand",
+        aten.select.int: "select",
+    }
+
+
+# Outputs at least this large that are views of an input or of another output are made again
+# as views rather than copied by the program (a copy of 256 KiB costs about what remaking a
+# chain of views does).
+_REMAKE_VIEW_BYTES = 256 * 1024
+
+
+def _nbytes(val) -> int:
+    return val.numel() * val.element_size() if isinstance(val, torch.Tensor) else 0
 
 
 def _view_chain(node):
-    """(root, [(op, args, kwargs), ...]): `node` as view ops with constant arguments applied to
-    `root`, innermost first (an empty chain when `node` is no such view)."""
-    views = _view_ops()
+    """(root, [(method, args), ...]): `node` as view ops with constant arguments applied to
+    `root`, innermost first, each as its tensor method (an empty chain when `node` is no such
+    view)."""
+    methods = _view_methods()
     chain = []
     while (
         isinstance(node, torch.fx.Node)
         and node.op == "call_function"
-        and node.target in views
+        and node.target in methods
         and node.args
         and isinstance(node.args[0], torch.fx.Node)
+        and not node.kwargs
         and not any(isinstance(a, torch.fx.Node) for a in node.args[1:])
-        and not any(isinstance(v, torch.fx.Node) for v in node.kwargs.values())
     ):
-        chain.append((node.target, tuple(node.args[1:]), dict(node.kwargs)))
+        method = methods[node.target]
+        # `alias(x)` is `x.view_as(x)`: a new view of the same memory.
+        chain.append((method, None if method == "view_as" else tuple(node.args[1:])))
         node = node.args[0]
     return node, list(reversed(chain))
 
@@ -252,14 +270,14 @@ def _boundary(gm: torch.fx.GraphModule):
       permuted to its physical order inside it. XLA folds the permutations into the ops around
       them; without them each crossing is a copy in PyTorch on both sides.
 
-    - An output that is a view of a graph input (a weight's transpose saved for the backward)
-      or of another output is that view made again by the run (a few microseconds), not a
-      program output (XLA copies every output that shares another's buffer: a whole weight
-      each step).
+    - An output of 256 KiB or more that is a view of a graph input (a weight's transpose saved
+      for the backward) or of another output is that view made again by the run (microseconds),
+      not a program output (XLA copies every output that shares another's buffer: a whole
+      weight each step).
 
     Returns (graph, per-input permutation or None, per-program-output permutation or None,
     per-graph-output source): a source is None (the output is None), ("arg", k), ("view", k,
-    [(op, args, kwargs), ...]) (view ops applied to argument k), ("same", i) (graph output i),
+    [(method, args), ...]) (view methods applied to argument k), ("same", i) (graph output i),
     ("view_of", i, ops) (view ops applied to graph output i, itself a program output) or
     ("out", j) (program output j). `gm` itself when nothing changes."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -279,13 +297,16 @@ def _boundary(gm: torch.fx.GraphModule):
             sources.append(None)
             continue
         root, chain = _view_chain(r)
+        # Making a view again costs microseconds a view (autograd records each); XLA's copy of a
+        # small output costs less, so only large outputs are made again.
+        remake = bool(chain) and _nbytes(r.meta.get("val")) >= _REMAKE_VIEW_BYTES
         if r in position:
             sources.append(("arg", position[r]))
-        elif root in position:
-            sources.append(("view", position[root], chain))
         elif direct[r] != i:
             sources.append(("same", direct[r]))
-        elif chain and root in direct and direct[root] != i:
+        elif remake and root in position:
+            sources.append(("view", position[root], chain))
+        elif remake and root in direct and direct[root] != i:
             sources.append(("view_of", direct[root], chain))
         else:
             sources.append(("out", len(out_perms)))
