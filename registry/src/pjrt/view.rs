@@ -64,17 +64,18 @@ pub struct ViewCache {
 
 #[derive(Debug, Default)]
 struct Views {
-    /// Each view with the tick of its last use.
-    entries: HashMap<ViewKey, (Arc<Buffer>, u64)>,
+    /// By address, length and element type (looked up without allocating); each entry the
+    /// shape viewed, the view and the tick of its last use.
+    entries: HashMap<(usize, usize, ElementType), Vec<View>>,
+    len: usize,
     tick: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ViewKey {
-    address: usize,
-    len: usize,
-    ty: ElementType,
+#[derive(Debug)]
+struct View {
     dims: Box<[i64]>,
+    buffer: Arc<Buffer>,
+    used: u64,
 }
 
 /// Views a default [`ViewCache`] keeps: the inputs of a few layers' worth of ops.
@@ -106,13 +107,15 @@ impl ViewCache {
         if data.is_empty() || !address.is_multiple_of(VIEW_ALIGNMENT) {
             return client.host_input(data, ty, dims);
         }
-        let key = ViewKey { address, len: data.len(), ty, dims: dims.into() };
+        let key = (address, data.len(), ty);
         if let Ok(mut st) = self.state.lock() {
             st.tick += 1;
             let tick = st.tick;
-            if let Some((buffer, used)) = st.entries.get_mut(&key) {
-                *used = tick;
-                return Ok(HostInput { buffer: buffer.clone(), _data: PhantomData });
+            if let Some(view) =
+                st.entries.get_mut(&key).and_then(|vs| vs.iter_mut().find(|v| *v.dims == *dims))
+            {
+                view.used = tick;
+                return Ok(HostInput { buffer: view.buffer.clone(), _data: PhantomData });
             }
         }
         // SAFETY: see the type's comment: the view leaves the cache only inside a `HostInput`
@@ -123,22 +126,32 @@ impl ViewCache {
             Err(e) => return Err(e),
         };
         if let Ok(mut st) = self.state.lock() {
-            if st.entries.len() >= self.capacity {
+            if st.len >= self.capacity {
                 // Evict the least recently used eighth at once, so a full cache scans rarely.
-                let mut ticks: Vec<u64> = st.entries.values().map(|(_, t)| *t).collect();
+                let mut ticks: Vec<u64> =
+                    st.entries.values().flat_map(|vs| vs.iter().map(|v| v.used)).collect();
                 ticks.sort_unstable();
                 let cut = ticks[(self.capacity / 8).min(ticks.len() - 1)];
-                st.entries.retain(|_, (_, t)| *t > cut);
+                st.entries.retain(|_, vs| {
+                    vs.retain(|v| v.used > cut);
+                    !vs.is_empty()
+                });
+                st.len = st.entries.values().map(Vec::len).sum();
             }
-            let tick = st.tick;
-            st.entries.insert(key, (view.clone(), tick));
+            let used = st.tick;
+            st.entries.entry(key).or_default().push(View {
+                dims: dims.into(),
+                buffer: view.clone(),
+                used,
+            });
+            st.len += 1;
         }
         Ok(HostInput { buffer: view, _data: PhantomData })
     }
 
     /// How many views the cache holds.
     pub fn len(&self) -> usize {
-        self.state.lock().map(|st| st.entries.len()).unwrap_or(0)
+        self.state.lock().map(|st| st.len).unwrap_or(0)
     }
 
     /// Whether the cache holds no view.
