@@ -436,6 +436,28 @@ impl Pool {
         (need - self.size[i] - self.padding[i]).max(0)
     }
 
+    /// The unpadded input coordinates (row, column, flat index over the plane) that the tap at
+    /// window offset `(dh, dw)` reads for each output position, from the output's row and
+    /// column iotas: `o * stride - padding + offset`.
+    fn tap_coordinates<'b>(
+        &self,
+        b: &'b KernelBuilder,
+        rows: Tensor<'b>,
+        cols: Tensor<'b>,
+        dh: i64,
+        dw: i64,
+    ) -> R<(Tensor<'b>, Tensor<'b>, Tensor<'b>)> {
+        let c = |v: i64| scalar_const(b, DType::I64, Scalar::Int(v));
+        let at = |o: Tensor<'b>, i: usize, off: i64| -> R<Tensor<'b>> {
+            let scaled = b.binary(BinaryOp::Multiply, o, c(self.stride[i])?)?;
+            Ok(b.binary(BinaryOp::Add, scaled, c(off - self.padding[i])?)?)
+        };
+        let (h, w) = (at(rows, 0, dh)?, at(cols, 1, dw)?);
+        let flat =
+            b.binary(BinaryOp::Add, b.binary(BinaryOp::Multiply, h, c(self.size[1])?)?, w)?;
+        Ok((h, w, flat))
+    }
+
     fn taps(&self) -> Vec<(i64, i64)> {
         let mut t = Vec::new();
         for a in 0..self.kernel[0] {
@@ -493,19 +515,7 @@ pub(super) fn max_pool2d_with_indices<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
             ],
             &[1, 1, pool.stride[0], pool.stride[1]],
         )?;
-        // Input coordinates of this tap: o * stride - padding + offset.
-        let h = b.binary(
-            BinaryOp::Add,
-            b.binary(BinaryOp::Multiply, rows, i64c(pool.stride[0])?)?,
-            i64c(dh - pool.padding[0])?,
-        )?;
-        let w = b.binary(
-            BinaryOp::Add,
-            b.binary(BinaryOp::Multiply, cols, i64c(pool.stride[1])?)?,
-            i64c(dw - pool.padding[1])?,
-        )?;
-        let idx =
-            b.binary(BinaryOp::Add, b.binary(BinaryOp::Multiply, h, i64c(pool.size[1])?)?, w)?;
+        let (h, w, idx) = pool.tap_coordinates(b, rows, cols, dh, dw)?;
         let inside = |v: Tensor<'b>, n: i64| -> R<Tensor<'b>> {
             let lo = b.compare(Direction::Ge, v, i64c(0)?)?;
             Ok(b.binary(BinaryOp::And, lo, b.compare(Direction::Lt, v, i64c(n)?)?)?)
@@ -566,23 +576,11 @@ pub(super) fn max_pool2d_with_indices_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let out_ty = idx.ty();
     let rows = b.iota(out_ty.clone(), 2)?;
     let cols = b.iota(out_ty, 3)?;
-    let i64c = |v: i64| scalar_const(b, DType::I64, Scalar::Int(v));
     let (hp, wp) = (pool.high_pad(0), pool.high_pad(1));
     let (ph, pw) = (pool.size[0] + pool.padding[0] + hp, pool.size[1] + pool.padding[1] + wp);
     let mut total: Option<Tensor<'b>> = None;
     for (dh, dw) in pool.taps() {
-        let h = b.binary(
-            BinaryOp::Add,
-            b.binary(BinaryOp::Multiply, rows, i64c(pool.stride[0])?)?,
-            i64c(dh - pool.padding[0])?,
-        )?;
-        let w = b.binary(
-            BinaryOp::Add,
-            b.binary(BinaryOp::Multiply, cols, i64c(pool.stride[1])?)?,
-            i64c(dw - pool.padding[1])?,
-        )?;
-        let at =
-            b.binary(BinaryOp::Add, b.binary(BinaryOp::Multiply, h, i64c(pool.size[1])?)?, w)?;
+        let (_, _, at) = pool.tap_coordinates(b, rows, cols, dh, dw)?;
         let hit = b.compare(Direction::Eq, idx, at)?;
         let part = b.select(hit, ga, zeros)?;
         // Output position o of this tap sits at o * stride + offset of the padded input.
