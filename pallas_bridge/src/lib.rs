@@ -11,6 +11,7 @@
 //! set before loading it ([`runtime`]).
 
 mod checks;
+mod device;
 mod dispatch;
 mod errors;
 mod intern;
@@ -49,5 +50,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(checks::cache_stats, m)?)?;
     m.add_function(wrap_pyfunction!(checks::dlpack_dtypes, m)?)?;
     torch_bridge::register(m)?;
+    device::register(m)?;
     Ok(())
 }

@@ -267,3 +267,49 @@ impl DeviceTensor {
         format!("DeviceTensor({}[{}])", self.dtype.short_name(), dims.join(","))
     }
 }
+
+/// The elements of a strided tensor in row-major order: `dims` and element `strides` from
+/// `base` (its first element), `esize` bytes each; copied a run at a time (the innermost dim is
+/// one copy when its stride is 1).
+///
+/// # Safety
+/// Every element the dims and strides reach lies in memory readable for the call.
+pub(crate) unsafe fn gather(
+    base: *const u8,
+    dims: &[i64],
+    strides: &[i64],
+    esize: usize,
+) -> Vec<u8> {
+    let numel = dims.iter().product::<i64>().max(0) as usize;
+    if numel == 0 || base.is_null() {
+        return Vec::new();
+    }
+    let r = dims.len();
+    let (run_len, outer) = match (dims.last(), strides.last()) {
+        (Some(&n), Some(&1)) => (n as usize, r - 1),
+        _ => (1, r),
+    };
+    let mut out = Vec::with_capacity(numel * esize);
+    let mut idx = vec![0i64; outer];
+    loop {
+        let off: i64 = idx.iter().zip(strides).map(|(i, s)| i * s).sum();
+        // SAFETY: every index is within `dims`, so the run lies inside the tensor's memory
+        // (the caller's contract).
+        let run = unsafe {
+            std::slice::from_raw_parts(base.offset(off as isize * esize as isize), run_len * esize)
+        };
+        out.extend_from_slice(run);
+        let mut k = outer;
+        loop {
+            if k == 0 {
+                return out;
+            }
+            k -= 1;
+            idx[k] += 1;
+            if idx[k] < dims[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+}

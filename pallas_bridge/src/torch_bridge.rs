@@ -70,6 +70,12 @@ const GRAPH_VIEWS: usize = 2048;
 
 static RUNTIME: OnceLock<Result<Runtime, String>> = OnceLock::new();
 
+/// The runtime if it has started, without the GIL (the device's calls, which may come from
+/// autograd's threads, find it started by `device_api`).
+pub(crate) fn runtime_if_ready() -> Option<&'static Runtime> {
+    RUNTIME.get().and_then(|r| r.as_ref().ok())
+}
+
 fn make_runtime(py: Python<'_>) -> Result<Runtime, String> {
     let registry = Registry::global().map_err(|e| format!("kernel registry: {e}"))?;
     // The extension's shared PJRT CPU client and compile cache (one plugin, one thread pool).
@@ -140,38 +146,9 @@ impl Imported {
             // `base` on, inside the tensor that `_owner` keeps alive.
             return Cow::Borrowed(unsafe { std::slice::from_raw_parts(self.base, numel * esize) });
         }
-        // Gather, a run at a time: the innermost dim is one copy when its stride is 1.
-        let r = dims.len();
-        let (run_len, outer) = match (dims.last(), strides.last()) {
-            (Some(&n), Some(&1)) => (n as usize, r - 1),
-            _ => (1, r),
-        };
-        let mut out = Vec::with_capacity(numel * esize);
-        let mut idx = vec![0i64; outer];
-        loop {
-            let off: i64 = idx.iter().zip(&strides).map(|(i, s)| i * s).sum();
-            // SAFETY: every index is within `dims`, so the run lies inside the tensor's memory
-            // (DLPack's contract for `data`, `shape` and `strides`), kept alive by `_owner`.
-            let run = unsafe {
-                std::slice::from_raw_parts(
-                    self.base.offset(off as isize * esize as isize),
-                    run_len * esize,
-                )
-            };
-            out.extend_from_slice(run);
-            let mut k = outer;
-            loop {
-                if k == 0 {
-                    return Cow::Owned(out);
-                }
-                k -= 1;
-                idx[k] += 1;
-                if idx[k] < dims[k] {
-                    break;
-                }
-                idx[k] = 0;
-            }
-        }
+        // SAFETY: `base`, `dims` and `strides` describe the tensor's elements (DLPack's
+        // contract), inside the memory `_owner` keeps alive.
+        Cow::Owned(unsafe { crate::tensor::gather(self.base, &dims, &strides, esize) })
     }
 }
 

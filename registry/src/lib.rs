@@ -22,3 +22,4 @@ pub use index::{
     CallMeta, Index, Kernel, KernelSource, NoKernel, Registry, Specialiser, normalize_op,
 };
 pub mod graph;
+pub mod host_pool;

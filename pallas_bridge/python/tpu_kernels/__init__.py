@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import errors, guards
+from . import _events, errors, guards
 from ._native import DeviceTensor, Dispatcher
 from ._native import __version__ as __version__
 from .checks import compile_tpu, emit, run_cpu
@@ -124,6 +124,7 @@ def unregister(name: str) -> None:
     _native.unregister(name)
     for op in ops:
         remove_op(op)
+    _events.registry_changed()
 
 
 __all__ = [

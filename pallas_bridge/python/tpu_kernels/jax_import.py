@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _native
+from . import _events, _native
 from ._mlir import mosaic_bodies, parse_check, refine, require_jax
 from ._types import DTYPE_NAMES, TensorSpec, parse_signature, short, static_kind, static_text
 from .errors import (
@@ -653,6 +653,7 @@ def register_jax(
         raise
     timings["register"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - start
+    _events.registry_changed()
     return ImportedKernel(
         name=name,
         op=op,
@@ -836,6 +837,7 @@ def load_mlir(
     )
     timings["register"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - start
+    _events.registry_changed()
     return ImportedKernel(
         name=name,
         op=op,

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import _native
+from . import _events, _native
 from .errors import RuntimeUnavailableError
 
 DEFAULT_TOPOLOGY = "v5e:1x1"
@@ -103,7 +103,7 @@ def load_library(path: str | os.PathLike[str], *, topology: str | None = DEFAULT
         warnings.warn(message, RuntimeWarning, stacklevel=2)
         topology = None
     info = _native.load_library(path, topology=topology)
-    return LoadedLibrary(
+    loaded = LoadedLibrary(
         path=Path(info["path"]),
         crate=info["crate"],
         kernels=list(info["kernels"]),
@@ -111,3 +111,5 @@ def load_library(path: str | os.PathLike[str], *, topology: str | None = DEFAULT
         checks={k: list(v) for k, v in info["checks"].items()},
         ops=_torch_ops(list(info["kernels"])),
     )
+    _events.registry_changed()
+    return loaded

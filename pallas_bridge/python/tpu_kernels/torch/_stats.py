@@ -108,6 +108,11 @@ class Report:
     graphs: dict
     fused: dict
     compiled: dict
+    # The "tpu" device's counters once `tpu_kernels.device` is imported (else None): its PJRT
+    # platform, its allocator (`memory`), and the calls that ran in its CPU fallback, by op
+    # (`fallbacks`; ops no kernel binds run there as planned, so they are not counted as
+    # fallbacks of `ops`). Declines of bound ops are merged into `ops` like any other.
+    device: dict | None = None
 
     def substituted(self, op: str | None = None) -> int:
         if op is None:
@@ -167,6 +172,21 @@ class Report:
             lines.append("  kernels inlined: " + ", ".join(f"{k}x{v}" for k, v in sorted(g["kernels"].items())))
         if g.get("kernels_run"):
             lines.append("  kernels run in programs: " + ", ".join(f"{k}x{v}" for k, v in sorted(g["kernels_run"].items())))
+        d = self.device
+        if d is not None:
+            m = d["memory"]
+            lines.append(
+                f"tpu device (PJRT platform {d['platform']}): {m['allocated_bytes']} bytes allocated "
+                f"(peak {m['peak_allocated_bytes']}), {m['reserved_bytes']} reserved, {m['cached_bytes']} cached; "
+                f"{m['allocs']} allocations, {m['cache_hits']} from the cache"
+            )
+            if d["fallbacks"]:
+                top = sorted(d["fallbacks"].items(), key=lambda kv: -kv[1])
+                lines.append(
+                    f"  {sum(d['fallbacks'].values())} calls ran in the CPU fallback (no kernel binds the op): "
+                    + ", ".join(f"{op} x{n}" for op, n in top[:12])
+                    + (f", ... ({len(top) - 12} more ops)" if len(top) > 12 else "")
+                )
         if self.errors():
             lines.append(f"errors (a kernel or tpu_kernels failed; see the fallbacks above): {self.errors()}")
         f = self.fused
@@ -214,7 +234,25 @@ def report() -> Report:
             "eager_nodes": dict(LOCAL.eager_nodes),
             "eager_reasons": dict(LOCAL.eager_reasons),
         }
+    device = None
+    import sys
+
+    dev = sys.modules.get("tpu_kernels.device")
+    if dev is not None and dev.is_installed():
+        from tpu_kernels import _native
+
+        d = _native.device_stats()
+        for op, cats in d.pop("declined").items():
+            o = ops.setdefault(op, {"calls": 0, "substituted": 0, "fallbacks": {}, "last_fallback": None, "kernels": {}})
+            for cat, (n, message, seq) in cats.items():
+                o["fallbacks"][cat] = o["fallbacks"].get(cat, 0) + n
+                o["calls"] += n
+                if seq > o.get("last_fallback_seq", 0):
+                    o["last_fallback"] = message
+                    o["last_fallback_seq"] = seq
+        device = dict(d, platform=dev.platform())
     return Report(
+        device=device,
         ops=ops,
         kernel_time_s=s["kernel_time_s"],
         prepare_time_s=s["prepare_time_s"],

@@ -1,0 +1,643 @@
+// The "tpu" device's C++ shim: PyTorch's PrivateUse1 key, renamed "tpu" by the Python side.
+//
+// It only adapts PyTorch's C++ interfaces to the Rust runtime behind `TpukDeviceApi`
+// (tpuk_device.h): the allocator, the device guard and hooks, the kernels every backend needs
+// (empty, views, copies, resize), the kernels that forward bound ATen overloads to the Rust
+// dispatcher, and the fallback that runs every other op on CPU kernels over an alias of the same
+// memory (no copy). What runs where, what is counted and every error's text are decided in Rust.
+//
+// On the embedded default a "tpu" tensor's memory is host memory from the Rust caching
+// allocator, which the PJRT CPU client reads in place; kernel outputs are PJRT buffers whose
+// host memory becomes the output tensor's storage (no copy).
+
+#include "tpuk_device.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/op_registration/adaption.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/Allocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+const TpukDeviceApi* g_api = nullptr;
+
+// The numbering both sides use for element types is c10's.
+static_assert(static_cast<int>(c10::ScalarType::Byte) == 0);
+static_assert(static_cast<int>(c10::ScalarType::Char) == 1);
+static_assert(static_cast<int>(c10::ScalarType::Short) == 2);
+static_assert(static_cast<int>(c10::ScalarType::Int) == 3);
+static_assert(static_cast<int>(c10::ScalarType::Long) == 4);
+static_assert(static_cast<int>(c10::ScalarType::Half) == 5);
+static_assert(static_cast<int>(c10::ScalarType::Float) == 6);
+static_assert(static_cast<int>(c10::ScalarType::Double) == 7);
+static_assert(static_cast<int>(c10::ScalarType::Bool) == 11);
+static_assert(static_cast<int>(c10::ScalarType::BFloat16) == 15);
+static_assert(static_cast<int>(c10::ScalarType::Float8_e5m2) == 23);
+static_assert(static_cast<int>(c10::ScalarType::Float8_e4m3fn) == 24);
+static_assert(static_cast<int>(c10::ScalarType::UInt16) == 27);
+static_assert(static_cast<int>(c10::ScalarType::UInt32) == 28);
+static_assert(static_cast<int>(c10::ScalarType::UInt64) == 29);
+
+c10::Device tpu_device() { return c10::Device(c10::DeviceType::PrivateUse1, 0); }
+
+std::string last_message() {
+  char buf[1024];
+  size_t n = g_api->message(buf, sizeof buf);
+  if (n <= sizeof buf) {
+    return std::string(buf, n);
+  }
+  std::string s(n, '\0');
+  g_api->message(s.data(), n);
+  return s;
+}
+
+void check_installed() {
+  TORCH_CHECK(g_api != nullptr,
+              "the tpu device's runtime is not installed: import tpu_kernels.device first");
+}
+
+void check_index(c10::Device d) {
+  TORCH_CHECK(d.type() == c10::DeviceType::PrivateUse1, "not a tpu device: ", d);
+  TORCH_CHECK(!d.has_index() || d.index() == 0, "tpu:", static_cast<int>(d.index()),
+              " does not exist: this process has one tpu device, tpu:0");
+}
+
+// ----- memory -----
+
+void noop_delete(void*) {}
+
+struct TpuAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    check_installed();
+    if (nbytes == 0) {
+      return {nullptr, nullptr, &noop_delete, tpu_device()};
+    }
+    void* ctx = nullptr;
+    void* data = g_api->alloc(nbytes, &ctx);
+    if (data == nullptr) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, last_message());
+    }
+    return {data, ctx, g_api->free, tpu_device()};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const final {
+    default_copy_data(dest, src, count);
+  }
+};
+
+TpuAllocator g_allocator;
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator);
+
+constexpr c10::DispatchKeySet kTpuKeys(c10::DispatchKey::PrivateUse1);
+
+// A tensor of `dtype` with `sizes`, `strides` and `offset` over `storage`, on the tpu device.
+at::Tensor tpu_tensor_over(c10::Storage storage, caffe2::TypeMeta dtype, c10::IntArrayRef sizes,
+                           c10::IntArrayRef strides, int64_t offset) {
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), kTpuKeys, dtype);
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+
+void drop_storage_ref(void* ctx) {
+  c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
+}
+
+// A storage on `device` over the memory of `storage`, which it keeps alive.
+c10::Storage storage_alias(const c10::Storage& storage, c10::Device device, bool resizable,
+                           c10::Allocator* allocator) {
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+  c10::raw::intrusive_ptr::incref(impl);
+  c10::DataPtr dp(const_cast<void*>(storage.data()), impl, &drop_storage_ref, device);
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(dp), allocator, resizable));
+}
+
+// A CPU tensor over the same memory as tpu tensor `t` (same sizes, strides, offset, dtype). Its
+// storage is resizable: a CPU kernel that grows an out= argument reallocates the alias, and the
+// fallback copies the result back (see `write_back`).
+at::Tensor cpu_alias(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) {
+    return t;
+  }
+  c10::Storage storage = storage_alias(t.storage(), c10::Device(c10::kCPU), true,
+                                       c10::GetCPUAllocator());
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return out;
+}
+
+// A tpu tensor over the memory of CPU tensor `r` (a fallback's fresh result), with no copy.
+at::Tensor tpu_retag(const at::Tensor& r) {
+  const c10::Storage& s = r.storage();
+  c10::Storage storage;
+  // Held by `r` alone (the reclaimed pointer below adds one strong reference), no weak ones.
+  auto held = c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(
+      s.unsafeGetStorageImpl());
+  bool sole = held.use_count() == 2 && held.weak_use_count() == 1;
+  held.reset();
+  if (sole) {
+    // Only `r` holds the memory: move its DataPtr (the CPU allocator's block) to the device.
+    c10::DataPtr dp = s.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr());
+    dp.unsafe_set_device(tpu_device());
+    storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), s.nbytes(), std::move(dp), &g_allocator, true));
+  } else {
+    storage = storage_alias(s, tpu_device(), false, nullptr);
+  }
+  return tpu_tensor_over(std::move(storage), r.dtype(), r.sizes(), r.strides(),
+                         r.storage_offset());
+}
+
+// ----- device guard, hooks, generator -----
+
+struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    check_index(d);
+    return tpu_device();
+  }
+  c10::Device getDevice() const override { return tpu_device(); }
+  void setDevice(c10::Device d) const override { check_index(d); }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const override {
+    return c10::Stream(c10::Stream::DEFAULT, tpu_device());
+  }
+  c10::Stream exchangeStream(c10::Stream) const override {
+    return c10::Stream(c10::Stream::DEFAULT, tpu_device());
+  }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  // Every op has finished when it returns (kernels are waited for before their outputs become
+  // tensors), so events and streams have nothing to wait for.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, TpuGuard);
+
+// Random ops on the device run CPU kernels; they draw from this generator, seeded by
+// `torch.tpu.manual_seed` (and `torch.manual_seed`), so a seed gives the same numbers as on CPU.
+at::Generator& tpu_generator() {
+  static at::Generator gen = at::detail::createCPUGenerator();
+  return gen;
+}
+
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    return tpu_generator();
+  }
+  at::Device getDeviceFromPtr(void*) const override { return tpu_device(); }
+  bool isPinnedPtr(const void*) const override { return false; }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    at::native::resize_bytes_cpu(storage.unsafeGetStorageImpl(), newsize);
+  }
+};
+
+// ----- the kernels every backend needs -----
+
+at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                     std::optional<c10::Layout>, std::optional<c10::Device> device,
+                     std::optional<bool>, std::optional<c10::MemoryFormat> memory_format) {
+  if (device) check_index(*device);
+  return at::detail::empty_generic(size, &g_allocator, kTpuKeys, c10::dtype_or_default(dtype),
+                                   memory_format);
+}
+
+at::Tensor tpu_empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                             std::optional<c10::ScalarType> dtype, std::optional<c10::Layout>,
+                             std::optional<c10::Device> device, std::optional<bool>) {
+  if (device) check_index(*device);
+  return at::detail::empty_strided_generic(size, stride, &g_allocator, kTpuKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor host_view(const at::Tensor& t) {
+  return t.device().type() == c10::DeviceType::PrivateUse1 ? cpu_alias(t) : t;
+}
+
+at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  host_view(dst).copy_(host_view(self), non_blocking);
+  return dst;
+}
+
+at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  host_view(dst).copy_(host_view(self));
+  return dst;
+}
+
+at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
+  return at::native::_local_scalar_dense_cpu(cpu_alias(self));
+}
+
+at::Tensor& tpu_set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, &g_allocator, true);
+  return at::native::set_storage_cpu_(self, std::move(empty), 0, {0}, {});
+}
+
+// ----- the fallback -----
+
+// Ops whose CPU index tensors may meet tpu tensors (as CUDA allows CPU indices).
+bool takes_cpu_indices(const c10::OperatorName& name) {
+  return name.name == "aten::index" || name.name == "aten::index_put_" ||
+         name.name == "aten::index_put" || name.name == "aten::_index_put_impl_";
+}
+
+// PyTorch's rule for mixed devices: a CPU tensor with dimensions beside a tpu tensor is an error
+// naming the op and the argument (0-dim CPU tensors are scalars and may come along).
+void check_devices(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first) {
+  const auto& args = op.schema().arguments();
+  const at::Tensor* on_tpu = nullptr;
+  const at::Tensor* on_cpu = nullptr;
+  size_t cpu_arg = 0;
+  auto look = [&](const at::Tensor& t, size_t i) {
+    if (!t.defined()) return;
+    if (t.device().type() == c10::DeviceType::PrivateUse1) {
+      on_tpu = &t;
+    } else if (t.device().is_cpu() && t.dim() > 0 && on_cpu == nullptr) {
+      on_cpu = &t;
+      cpu_arg = i;
+    }
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& v = stack[first + i];
+    if (v.isTensor()) {
+      look(v.toTensor(), i);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) look(t, i);
+    }
+  }
+  if (on_tpu != nullptr && on_cpu != nullptr && !takes_cpu_indices(op.operator_name())) {
+    TORCH_CHECK(false,
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                "tpu:0 and cpu! (when checking argument `",
+                args[cpu_arg].name(), "` of ", op.operator_name(), ")");
+  }
+}
+
+// After a CPU kernel ran on `alias` (the CPU view of tpu tensor `t`): an out= argument the
+// kernel resized or restrided gets that shape, and its data when the kernel reallocated it.
+void write_back(const at::Tensor& t, const at::Tensor& alias, const void* data_before) {
+  if (alias.sizes() == t.sizes() && alias.strides() == t.strides() &&
+      alias.storage_offset() == t.storage_offset() && alias.storage().data() == data_before) {
+    return;
+  }
+  if (alias.storage().data() != data_before) {
+    t.resize_(alias.sizes());
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(alias.sizes(), alias.strides(),
+                                                   t.storage_offset());
+    cpu_alias(t).copy_(alias);
+    return;
+  }
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(alias.sizes(), alias.strides(),
+                                                 alias.storage_offset());
+}
+
+struct Aliased {
+  at::Tensor tpu;
+  at::Tensor cpu;
+  const void* data;
+};
+
+// Runs `op` on CPU kernels over aliases of its tpu tensors, and maps the results back: a
+// result that is an argument's alias is that argument (in-place, out=), a view of one is the
+// same view of the tpu tensor, anything else becomes a tpu tensor over the CPU kernel's memory.
+void alias_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+  check_devices(op, *stack, first);
+  std::vector<Aliased> aliased;
+  auto alias = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+    at::Tensor a = cpu_alias(t);
+    aliased.push_back({t, a, a.storage().data()});
+    return a;
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& v = (*stack)[first + i];
+    if (v.isTensor()) {
+      v = alias(v.toTensor());
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> list = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list.vec()) out.push_back(alias(t));
+      v = out;
+    } else if (v.isOptionalTensorList()) {
+      auto list = v.toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> out;
+      out.reserve(list.size());
+      for (const std::optional<at::Tensor>& t : list.vec()) {
+        out.push_back(t.has_value() ? std::optional<at::Tensor>(alias(*t)) : std::nullopt);
+      }
+      v = out;
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      v = c10::IValue(c10::Device(c10::kCPU));
+    } else if (v.isNone() && schema.arguments()[i].name() == "generator") {
+      v = c10::IValue(tpu_generator());
+    }
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+
+  auto map_back = [&](const at::Tensor& r) -> at::Tensor {
+    if (!r.defined() || r.device().type() == c10::DeviceType::PrivateUse1) return r;
+    for (const Aliased& a : aliased) {
+      if (r.unsafeGetTensorImpl() == a.cpu.unsafeGetTensorImpl()) return a.tpu;
+    }
+    for (const Aliased& a : aliased) {
+      if (r.storage().unsafeGetStorageImpl() == a.cpu.storage().unsafeGetStorageImpl()) {
+        return tpu_tensor_over(a.tpu.storage(), r.dtype(), r.sizes(), r.strides(),
+                               r.storage_offset());
+      }
+    }
+    return tpu_retag(r);
+  };
+  for (const Aliased& a : aliased) write_back(a.tpu, a.cpu, a.data);
+  const size_t nret = schema.returns().size();
+  for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+    c10::IValue& r = (*stack)[i];
+    if (r.isTensor()) {
+      r = map_back(r.toTensor());
+    } else if (r.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : r.toTensorList().vec()) out.push_back(map_back(t));
+      r = out;
+    }
+  }
+}
+
+// Every op no kernel is registered for at the key: counted, then the alias fallback.
+void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                      torch::jit::Stack* stack) {
+  check_installed();
+  const auto& name = op.operator_name();
+  std::string full = name.name;
+  if (!name.overload_name.empty()) {
+    full += ".";
+    full += name.overload_name;
+  }
+  g_api->fell_back(reinterpret_cast<uintptr_t>(&op.schema()), full.data(), full.size());
+  alias_fallback(op, stack);
+}
+
+// ----- kernels at the key -----
+
+at::Tensor wrap_output(const TpukOut& o) {
+  if (o.absent) return at::Tensor();
+  auto dtype = static_cast<c10::ScalarType>(o.dtype);
+  c10::IntArrayRef sizes(o.sizes, static_cast<size_t>(o.ndim));
+  size_t nbytes = c10::multiply_integers(sizes) * c10::elementSize(dtype);
+  c10::DataPtr dp(o.data, o.handle, g_api->release, tpu_device());
+  c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, std::move(dp), &g_allocator, true));
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), kTpuKeys,
+                                                    c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
+
+// The kernel of one bound op overload: its arguments go to the Rust dispatcher as `TpukArg`s;
+// a declined call runs the fallback (Rust counted it with its reason).
+struct KernelAtKey final : c10::OperatorKernel {
+  explicit KernelAtKey(uint32_t id) : id_(id) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const auto& schema = op.schema();
+    const size_t nargs = schema.arguments().size();
+    const size_t nret = schema.returns().size();
+    const size_t first = stack->size() - nargs;
+    check_devices(op, *stack, first);
+    std::vector<TpukArg> args(nargs);
+    std::vector<std::vector<int64_t>> ints;
+    std::vector<std::vector<uint8_t>> bools;
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::IValue& v = (*stack)[first + i];
+      TpukArg& a = args[i];
+      std::memset(&a, 0, sizeof a);
+      if (v.isTensor()) {
+        const at::Tensor& t = v.toTensor();
+        if (!t.defined()) continue;
+        a.kind = TPUK_TENSOR;
+        a.dtype = static_cast<int32_t>(t.scalar_type());
+        a.device = t.device().type() == c10::DeviceType::PrivateUse1 ? TPUK_ON_TPU
+                   : t.device().is_cpu()                             ? TPUK_ON_CPU
+                                                                     : TPUK_ON_OTHER;
+        a.len = static_cast<int32_t>(t.dim());
+        a.data = t.numel() == 0 ? nullptr : t.const_data_ptr();
+        a.sizes = t.sizes().data();
+        a.strides = t.strides().data();
+      } else if (v.isNone()) {
+        a.kind = TPUK_NONE;
+      } else if (v.isBool()) {
+        a.kind = TPUK_BOOL;
+        a.i = v.toBool();
+      } else if (v.isInt()) {
+        a.kind = TPUK_INT;
+        a.i = v.toInt();
+      } else if (v.isDouble()) {
+        a.kind = TPUK_DOUBLE;
+        a.d = v.toDouble();
+      } else if (v.isString()) {
+        a.kind = TPUK_STRING;
+        a.data = v.toStringRef().data();
+        a.i = static_cast<int64_t>(v.toStringRef().size());
+      } else if (v.isIntList()) {
+        ints.push_back(v.toIntVector());
+        a.kind = TPUK_INT_LIST;
+        a.data = ints.back().data();
+        a.len = static_cast<int32_t>(ints.back().size());
+      } else if (v.isBoolList()) {
+        std::vector<uint8_t> b;
+        for (bool x : v.toBoolList()) b.push_back(x ? 1 : 0);
+        bools.push_back(std::move(b));
+        a.kind = TPUK_BOOL_LIST;
+        a.data = bools.back().data();
+        a.len = static_cast<int32_t>(bools.back().size());
+      } else {
+        a.kind = TPUK_OTHER;
+      }
+    }
+    std::vector<TpukOut> outs(nret);
+    int32_t r = g_api->call(id_, args.data(), nargs, outs.data(), nret);
+    if (r == TPUK_ERROR) {
+      TORCH_CHECK(false, last_message());
+    }
+    if (r == TPUK_DECLINED) {
+      alias_fallback(op, stack);
+      return;
+    }
+    // Wrap every output before touching the stack, so that nothing leaks if one throws.
+    std::vector<at::Tensor> results;
+    results.reserve(nret);
+    for (const TpukOut& o : outs) results.push_back(wrap_output(o));
+    torch::jit::drop(*stack, nargs);
+    for (at::Tensor& t : results) torch::jit::push(*stack, std::move(t));
+  }
+
+ private:
+  uint32_t id_;
+};
+
+std::mutex g_bind_lock;
+
+// One IMPL library per namespace; it lives as long as the process (kernels stay registered,
+// and an op whose kernels were removed is declined by the Rust side).
+torch::Library& library_for(const std::string& ns) {
+  static std::map<std::string, std::unique_ptr<torch::Library>> libraries;
+  auto it = libraries.find(ns);
+  if (it == libraries.end()) {
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
+                                                c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    it = libraries.emplace(ns, std::move(lib)).first;
+  }
+  return *it->second;
+}
+
+void copy_message(const std::string& m, char* err, size_t cap) {
+  if (cap == 0) return;
+  size_t n = std::min(m.size(), cap - 1);
+  std::memcpy(err, m.data(), n);
+  err[n] = '\0';
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&counted_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", tpu_empty);
+  m.impl("empty_strided", tpu_empty_strided);
+  m.impl("as_strided", at::native::as_strided_tensorimpl);
+  m.impl("view", at::native::view);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("resize_", at::native::resize_);
+  m.impl("_copy_from", tpu_copy_from);
+  m.impl("_copy_from_and_resize", tpu_copy_from_and_resize);
+  m.impl("_local_scalar_dense", tpu_local_scalar_dense);
+  m.impl("set_", tpu_set_empty);
+  m.impl("set_.source_Storage", at::native::set_);
+  m.impl("set_.source_Storage_storage_offset", at::native::set_storage_cpu_);
+  m.impl("set_.source_Tensor", at::native::set_tensor_);
+}
+
+extern "C" {
+
+// Installs the Rust runtime's table; 0 on success, else an error text in `err`.
+int tpuk_shim_install(const TpukDeviceApi* api, char* err, size_t cap) {
+  if (api == nullptr || api->abi != TPUK_DEVICE_ABI || api->size != sizeof(TpukDeviceApi)) {
+    copy_message("the tpu device's runtime table does not match this shim (rebuild both)", err,
+                 cap);
+    return 1;
+  }
+  static bool hooks_registered = false;
+  g_api = api;
+  if (!hooks_registered) {
+    at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+    hooks_registered = true;
+  }
+  return 0;
+}
+
+// Registers the kernel of `ns::name.overload` at the key under Rust's op id `id`.
+int tpuk_shim_bind(const char* ns, const char* name, const char* overload, uint32_t id, char* err,
+                   size_t cap) {
+  try {
+    std::lock_guard<std::mutex> guard(g_bind_lock);
+    std::string qualified = std::string(ns) + "::" + name;
+    auto handle = c10::Dispatcher::singleton().findOp({qualified, overload});
+    if (!handle) {
+      copy_message("no operator " + qualified + "." + overload, err, cap);
+      return 1;
+    }
+    for (const auto& ret : handle->schema().returns()) {
+      if (ret.type()->kind() != c10::TypeKind::TensorType) {
+        copy_message(qualified + "." + overload + " returns a " + ret.type()->str() +
+                         ", not tensors",
+                     err, cap);
+        return 1;
+      }
+    }
+    std::string impl_name = std::string(name) + (*overload ? std::string(".") + overload : "");
+    library_for(ns).impl(impl_name.c_str(),
+                         torch::CppFunction::makeFromBoxedFunctor(
+                             std::make_unique<KernelAtKey>(id)));
+    return 0;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), err, cap);
+    return 1;
+  }
+}
+
+void tpuk_shim_manual_seed(uint64_t seed) {
+  at::Generator& gen = tpu_generator();
+  std::lock_guard<std::mutex> guard(gen.mutex());
+  gen.set_current_seed(seed);
+}
+
+// Copies the generator's state into `buf` (when `cap` is large enough) and returns its size.
+size_t tpuk_shim_rng_state(uint8_t* buf, size_t cap) {
+  at::Generator& gen = tpu_generator();
+  std::lock_guard<std::mutex> guard(gen.mutex());
+  at::Tensor state = gen.get_state();
+  size_t n = static_cast<size_t>(state.numel());
+  if (buf != nullptr && cap >= n) std::memcpy(buf, state.const_data_ptr(), n);
+  return n;
+}
+
+// Sets the generator's state from `len` bytes; 0 on success, else an error text in `err`.
+int tpuk_shim_set_rng_state(const uint8_t* data, size_t len, char* err, size_t cap) {
+  try {
+    at::Tensor state = at::empty({static_cast<int64_t>(len)}, at::kByte);
+    if (len > 0) std::memcpy(state.mutable_data_ptr(), data, len);
+    at::Generator& gen = tpu_generator();
+    std::lock_guard<std::mutex> guard(gen.mutex());
+    gen.set_state(state);
+    return 0;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), err, cap);
+    return 1;
+  }
+}
+
+uint64_t tpuk_shim_initial_seed() { return tpu_generator().current_seed(); }
+
+uint64_t tpuk_shim_seed() {
+  at::Generator& gen = tpu_generator();
+  std::lock_guard<std::mutex> guard(gen.mutex());
+  return gen.seed();
+}
+
+}  // extern "C"

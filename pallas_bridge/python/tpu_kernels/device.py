@@ -1,0 +1,344 @@
+"""The "tpu" device: ``import tpu_kernels.device``, then ``model.to("tpu")``.
+
+Importing this module (after torch, which it imports) registers PyTorch's PrivateUse1 key under
+the name "tpu", with a C++ shim (``tpu_kernels._device``) that forwards to the Rust runtime:
+
+- **Memory.** A "tpu" tensor's memory comes from the project's caching allocator: 64-byte
+  aligned host memory on the embedded default, which the PJRT CPU client reads in place.
+  ``torch.tpu.memory_allocated()`` and the rest of PyTorch's memory functions report it.
+- **Kernels at the key.** Every ATen overload (and every new op) a registered kernel binds is
+  registered at the device's dispatch key: a call goes from PyTorch's dispatcher through C++
+  straight to the Rust dispatcher (no Python), and the kernel's PJRT output buffers become the
+  result tensors' storage (no copy). A call no kernel takes (a dtype, a shape guard, a strided
+  input) is declined with its reason (``report()``) and runs in the fallback.
+- **The fallback.** Every other op runs PyTorch's CPU kernel over an alias of the same memory
+  (no copy); views stay views and in-place ops stay in place. ``report().device["fallbacks"]``
+  counts these calls by op.
+- **Kernels registered later** (``register_jax``, ``load_library``) serve the device from the
+  next call.
+
+What backs the device is its PJRT platform (:func:`platform`): "cpu", the XLA CPU plugin, on
+this package's embedded default. ``TPUK_REQUIRE_TPU=1`` (or :func:`require_tpu`) makes a
+missing TPU an error instead of a run on the CPU plugin.
+
+If another backend already holds PyTorch's PrivateUse1 key (``torch_tpu``, or any renamed
+backend), the device is not registered: :func:`is_installed` is False, :func:`unavailable_reason`
+says why (a ``RuntimeWarning`` says it once), and kernels stay available through
+``tpu_kernels.substitute`` and ``torch.ops``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+import warnings
+
+import torch
+
+from . import _events, _native
+from .errors import RuntimeUnavailableError
+
+NAME = "tpu"
+
+_lock = threading.RLock()
+_state: dict = {"installed": False, "reason": None, "announced": False, "bound": {}}
+
+
+def is_installed() -> bool:
+    """Whether the "tpu" device is registered in this process."""
+    return _state["installed"]
+
+
+def unavailable_reason() -> str | None:
+    """Why the device is not registered (None when it is)."""
+    return _state["reason"]
+
+
+def platform() -> str:
+    """The PJRT platform behind the device: "cpu" (the XLA CPU plugin) on the embedded default."""
+    return "cpu"
+
+
+def require_tpu() -> None:
+    """Raises :class:`RuntimeUnavailableError` unless the device runs on a real TPU (as
+    ``TPUK_REQUIRE_TPU=1`` does at import), never a silent run on the CPU plugin."""
+    if platform() != "tpu":
+        raise RuntimeUnavailableError(
+            "a TPU is required (TPUK_REQUIRE_TPU=1 or tpu_kernels.device.require_tpu()), but the tpu "
+            f"device runs on the PJRT {platform()!r} platform: {_tpu_probe()}"
+        )
+
+
+def _tpu_probe() -> str:
+    """Why no TPU backs the device, in libtpu's words when it can be asked."""
+    if not _native.libtpu_available():
+        return "libtpu cannot be loaded (scripts/dev setup installs it; TPUK_LIBTPU names it)"
+    return _native.device_tpu_probe()
+
+
+# ----- the device module (`torch.tpu`) -----
+
+
+def _make_module() -> types.ModuleType:
+    m = types.ModuleType("torch.tpu", "The tpu device of tpu_kernels (see tpu_kernels.device).")
+
+    def is_available() -> bool:
+        return _state["installed"]
+
+    def device_count() -> int:
+        return 1
+
+    def current_device() -> int:
+        return 0
+
+    def set_device(device) -> None:
+        index = torch.device(NAME, device).index if isinstance(device, int) else torch.device(device).index
+        if index not in (None, 0):
+            raise RuntimeError(f"tpu:{index} does not exist: this process has one tpu device, tpu:0")
+
+    def synchronize(device=None) -> None:
+        """Every op on the device has finished when it returns; nothing to wait for."""
+
+    def get_device_name(device=None) -> str:
+        return f"tpu-kernels device on PJRT {platform()}"
+
+    def manual_seed(seed: int) -> None:
+        from . import _device
+
+        _device.manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+    def seed() -> int:
+        from . import _device
+
+        return _device.seed()
+
+    def initial_seed() -> int:
+        from . import _device
+
+        return _device.initial_seed()
+
+    def get_rng_state(device="tpu") -> torch.Tensor:
+        from . import _device
+
+        return torch.frombuffer(bytearray(_device.rng_state()), dtype=torch.uint8)
+
+    def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+        from . import _device
+
+        _device.set_rng_state(new_state.detach().cpu().contiguous().numpy().tobytes())
+
+    def _stats() -> dict:
+        return _native.device_stats()["memory"]
+
+    def memory_allocated(device=None) -> int:
+        return _stats()["allocated_bytes"]
+
+    def max_memory_allocated(device=None) -> int:
+        return _stats()["peak_allocated_bytes"]
+
+    def memory_reserved(device=None) -> int:
+        return _stats()["reserved_bytes"]
+
+    def max_memory_reserved(device=None) -> int:
+        return _stats()["peak_reserved_bytes"]
+
+    def memory_stats(device=None) -> dict:
+        return dict(_stats())
+
+    def reset_peak_memory_stats(device=None) -> None:
+        _native.device_reset_peaks()
+
+    def empty_cache() -> None:
+        _native.device_empty_cache()
+
+    class device:
+        """``with torch.tpu.device(0):`` (one device: only index 0 exists)."""
+
+        def __init__(self, device) -> None:
+            set_device(device)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+    funcs = dict(
+        is_available=is_available,
+        device_count=device_count,
+        current_device=current_device,
+        set_device=set_device,
+        synchronize=synchronize,
+        get_device_name=get_device_name,
+        manual_seed=manual_seed,
+        manual_seed_all=manual_seed,
+        seed=seed,
+        seed_all=seed,
+        initial_seed=initial_seed,
+        get_rng_state=get_rng_state,
+        set_rng_state=set_rng_state,
+        get_rng_state_all=lambda: [get_rng_state()],
+        set_rng_state_all=lambda states: set_rng_state(states[0]),
+        is_initialized=lambda: True,
+        _lazy_init=lambda: None,
+        _is_in_bad_fork=lambda: False,
+        get_amp_supported_dtype=lambda: [torch.bfloat16, torch.float16],
+        is_bf16_supported=lambda including_emulation=True: True,
+        memory_allocated=memory_allocated,
+        max_memory_allocated=max_memory_allocated,
+        memory_reserved=memory_reserved,
+        max_memory_reserved=max_memory_reserved,
+        memory_stats=memory_stats,
+        reset_peak_memory_stats=reset_peak_memory_stats,
+        empty_cache=empty_cache,
+        device=device,
+        platform=platform,
+    )
+    for k, v in funcs.items():
+        setattr(m, k, v)
+    return m
+
+
+# ----- kernels at the key -----
+
+
+def _device_plan(plan):
+    """The native plan of a bound op (see `_native.device_plan`)."""
+    if plan.refused:
+        return ("schema_refused", "; ".join(plan.refused.values()))
+    variants = [
+        (
+            [pos for _, pos in v.tensor_slots],
+            [(name, pos, is_dtype) for name, pos, _default, is_dtype in v.static_slots],
+            [pos for _, pos in v.absent],
+        )
+        for v in plan.variants
+    ]
+    mask = plan.output_mask[1] if plan.output_mask is not None else None
+    copy_strided = any(v.copy_strided for v in plan.variants)
+    return (variants, mask, copy_strided)
+
+
+def _bindable(func) -> str | None:
+    """Why `func` is not registered at the key (None: it is)."""
+    schema = func._schema
+    if schema.is_mutable:
+        return "it mutates an argument; in-place kernels are not bound at the key yet"
+    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+        return "it returns something other than tensors"
+    name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+    if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
+        return "it decomposes (CompositeImplicitAutograd) before reaching a device's key"
+    return None
+
+
+def sync() -> dict[str, str]:
+    """Binds every op a registered kernel binds at the device's key (ops bound before keep their
+    registration; an op whose kernels are gone declines every call). Returns the ops not bound,
+    with why. Called at import and after every registration or removal."""
+    from . import _device
+    from .torch._bindings import TABLE, resolve_overload
+    from .torch._custom_ops import custom_ops
+
+    skipped: dict[str, str] = {}
+    with _lock:
+        # The new ops Rust kernels define (`tpuk::rms_norm`) exist in torch once defined here.
+        custom_ops()
+        TABLE.refresh()
+        TABLE.load()
+        live = set()
+        for key in sorted(TABLE.by_op):
+            func = resolve_overload(key if "." in key.split("::", 1)[1] else key + ".default")
+            if func is None:
+                skipped[key] = "torch has no such op"
+                continue
+            why = _bindable(func)
+            if why is not None:
+                skipped[key] = why
+                continue
+            plan = TABLE.plan(func)
+            if plan is None:
+                skipped[key] = "no kernel's binding fits torch's schema"
+                continue
+            op_id = _native.device_plan(plan.key, _device_plan(plan))
+            live.add(plan.key)
+            if plan.key not in _state["bound"]:
+                schema = func._schema
+                ns, name = schema.name.split("::", 1)
+                _device.bind(ns, name, schema.overload_name, op_id)
+                _state["bound"][plan.key] = op_id
+        for key in _state["bound"]:
+            if key not in live:
+                _native.device_plan(key, ("no_kernel", "no registered kernel binds the op any more"))
+        _state["skipped"] = skipped
+    return skipped
+
+
+# ----- installation -----
+
+
+def _announce() -> None:
+    if _state["announced"] or os.environ.get("TPUK_QUIET") == "1":
+        return
+    _state["announced"] = True
+    print(
+        f"[tpu_kernels] tpu device: PJRT platform {platform()!r}"
+        + (" (the XLA CPU plugin: no TPU in use)" if platform() == "cpu" else ""),
+        file=sys.stderr,
+    )
+
+
+def _taken_by() -> str | None:
+    """The backend that holds PyTorch's PrivateUse1 key, when it is not this package."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name not in ("privateuseone", NAME):
+        return name
+    if name == NAME and hasattr(torch, NAME) and not getattr(getattr(torch, NAME), "_tpu_kernels", False):
+        return "torch_tpu" if "torch_tpu" in sys.modules else f"another {NAME!r} backend"
+    return None
+
+
+def _install() -> None:
+    with _lock:
+        if _state["installed"]:
+            return
+        taken = _taken_by()
+        if taken is not None:
+            _state["reason"] = (
+                f"PyTorch's PrivateUse1 key is already registered by the {taken!r} backend, so the tpu device "
+                "is not registered; kernels stay available through tpu_kernels.substitute() and torch.ops"
+            )
+            warnings.warn(_state["reason"], RuntimeWarning, stacklevel=3)
+            return
+        if os.environ.get("TPUK_REQUIRE_TPU") == "1":
+            require_tpu()
+        try:
+            from . import _device
+        except ImportError as e:
+            raise RuntimeUnavailableError(
+                f"the tpu device's C++ shim (tpu_kernels._device) cannot be loaded: {e}. It is built against the "
+                "installed torch by `scripts/dev` (cargo build -p tpu-kernels-device)"
+            ) from e
+        if _device.TORCH_VERSION != torch.__version__:
+            raise RuntimeUnavailableError(
+                f"the tpu device's C++ shim was built against torch {_device.TORCH_VERSION}, but torch "
+                f"{torch.__version__} is imported; rebuild it (scripts/dev builds it)"
+            )
+        torch.utils.rename_privateuse1_backend(NAME)
+        _device.install(_native.device_api())
+        module = _make_module()
+        module._tpu_kernels = True
+        torch._register_device_module(NAME, module)
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+        _state["installed"] = True
+        _state["reason"] = None
+        sync()
+        _events.on_registry_change(sync)
+        _announce()
+
+
+_install()

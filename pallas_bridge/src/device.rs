@@ -1,0 +1,765 @@
+//! The Rust runtime behind the "tpu" device (`tpu_kernels.device`).
+//!
+//! The device's C++ shim (`device/src/shim.cpp`, the module `tpu_kernels._device`) adapts
+//! PyTorch's PrivateUse1 interfaces and calls back into this module through one table of C
+//! functions, [`TpukDeviceApi`] (its C declaration is `device/src/tpuk_device.h`), handed over
+//! as a capsule by [`device_api`]. Everything the device decides is decided here:
+//! - **memory**: the caching allocator [`HostPool`] of 64-byte aligned host blocks, reused by
+//!   size class as PyTorch's allocators do; the PJRT CPU client reads them in place;
+//! - **kernels at the key**: a bound op's call arrives as its boxed arguments ([`TpukArg`]), is
+//!   bound to the op's plan (the variants the Python side computed from the kernels' bindings,
+//!   [`device_plan`]), and runs through the bridge's dispatcher; the outputs are PJRT buffers
+//!   whose host memory becomes the output tensors' storage (no copy). A call no kernel takes is
+//!   declined (counted with its reason) and runs in the shim's CPU fallback;
+//! - **fallback accounting**: every op that reached the fallback, by op.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyCapsule, PyDict};
+use tpu_kernels::registration::StaticValue;
+use tpu_kernels::{DType, Shape, TensorType};
+use tpu_kernels_registry::host_pool::{HostBlock, HostPool};
+use tpu_kernels_registry::pjrt::Buffer;
+use tpu_kernels_registry::{DispatchError, HostTensor};
+
+use crate::torch_bridge::{runtime, runtime_if_ready};
+
+// ----- the C ABI (mirrors device/src/tpuk_device.h) -----
+
+const ABI: u32 = 1;
+const MAX_RANK: usize = 16;
+
+const KIND_NONE: i32 = 0;
+const KIND_TENSOR: i32 = 1;
+const KIND_INT: i32 = 2;
+const KIND_DOUBLE: i32 = 3;
+const KIND_BOOL: i32 = 4;
+const KIND_BOOL_LIST: i32 = 6;
+const KIND_STRING: i32 = 7;
+
+const ON_TPU: i32 = 1;
+
+const RAN: i32 = 0;
+const DECLINED: i32 = 1;
+const ERROR: i32 = 2;
+
+/// One argument of a boxed op call.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TpukArg {
+    kind: i32,
+    dtype: i32,
+    device: i32,
+    len: i32,
+    data: *const c_void,
+    sizes: *const i64,
+    strides: *const i64,
+    i: i64,
+    d: f64,
+}
+
+/// One output of a kernel call, as the shim wraps it into a tensor.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TpukOut {
+    data: *mut c_void,
+    handle: *mut c_void,
+    dtype: i32,
+    ndim: i32,
+    absent: i32,
+    reserved: i32,
+    sizes: [i64; MAX_RANK],
+}
+
+/// The table the shim calls.
+#[repr(C)]
+#[derive(Debug)]
+pub struct TpukDeviceApi {
+    abi: u32,
+    size: u32,
+    alloc: extern "C" fn(usize, *mut *mut c_void) -> *mut c_void,
+    free: extern "C" fn(*mut c_void),
+    call: extern "C" fn(u32, *const TpukArg, usize, *mut TpukOut, usize) -> i32,
+    release: extern "C" fn(*mut c_void),
+    fell_back: extern "C" fn(usize, *const c_char, usize),
+    message: extern "C" fn(*mut c_char, usize) -> usize,
+}
+
+static API: TpukDeviceApi = TpukDeviceApi {
+    abi: ABI,
+    size: std::mem::size_of::<TpukDeviceApi>() as u32,
+    alloc: api_alloc,
+    free: api_free,
+    call: api_call,
+    release: api_release,
+    fell_back: api_fell_back,
+    message: api_message,
+};
+
+thread_local! {
+    /// The calling thread's last error, for the shim to raise.
+    static MESSAGE: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+fn set_message(m: String) {
+    MESSAGE.with(|cell| *cell.borrow_mut() = m);
+}
+
+extern "C" fn api_message(buf: *mut c_char, cap: usize) -> usize {
+    MESSAGE.with(|cell| {
+        let m = cell.borrow();
+        let n = m.len().min(cap);
+        if n > 0 && !buf.is_null() {
+            // SAFETY: the shim passes a buffer writable for `cap` bytes; `n <= cap`.
+            unsafe { std::ptr::copy_nonoverlapping(m.as_ptr(), buf.cast::<u8>(), n) };
+        }
+        m.len()
+    })
+}
+
+// ----- c10 ScalarType codes -----
+
+/// `DType` of a c10 `ScalarType` code (None: no kernel takes that type).
+fn dtype_of_code(code: i32) -> Option<DType> {
+    Some(match code {
+        0 => DType::U8,
+        1 => DType::I8,
+        2 => DType::I16,
+        3 => DType::I32,
+        4 => DType::I64,
+        5 => DType::F16,
+        6 => DType::F32,
+        7 => DType::F64,
+        11 => DType::Bool,
+        15 => DType::BF16,
+        23 => DType::F8E5M2,
+        24 => DType::F8E4M3FN,
+        28 => DType::U32,
+        _ => return None,
+    })
+}
+
+fn code_of_dtype(dtype: DType) -> Option<i32> {
+    Some(match dtype {
+        DType::U8 => 0,
+        DType::I8 => 1,
+        DType::I16 => 2,
+        DType::I32 => 3,
+        DType::I64 => 4,
+        DType::F16 => 5,
+        DType::F32 => 6,
+        DType::F64 => 7,
+        DType::Bool => 11,
+        DType::BF16 => 15,
+        DType::F8E5M2 => 23,
+        DType::F8E4M3FN => 24,
+        DType::U32 => 28,
+        _ => return None,
+    })
+}
+
+/// torch's name of a `ScalarType` code without `torch.`, as kernels read dtype statics.
+fn dtype_name_of_code(code: i64) -> Option<&'static str> {
+    Some(match code {
+        0 => "uint8",
+        1 => "int8",
+        2 => "int16",
+        3 => "int32",
+        4 => "int64",
+        5 => "float16",
+        6 => "float32",
+        7 => "float64",
+        8 => "complex32",
+        9 => "complex64",
+        10 => "complex128",
+        11 => "bool",
+        15 => "bfloat16",
+        23 => "float8_e5m2",
+        24 => "float8_e4m3fn",
+        27 => "uint16",
+        28 => "uint32",
+        29 => "uint64",
+        _ => return None,
+    })
+}
+
+// ----- memory -----
+
+extern "C" fn api_alloc(n: usize, ctx: *mut *mut c_void) -> *mut c_void {
+    match HostPool::global().allocate(n) {
+        Ok(block) => {
+            let data = block.as_ptr().cast::<c_void>();
+            // SAFETY: the shim passes a valid out-pointer.
+            unsafe { *ctx = Box::into_raw(Box::new(block)).cast() };
+            data
+        }
+        Err(e) => {
+            set_message(e.to_string());
+            std::ptr::null_mut()
+        }
+    }
+}
+
+extern "C" fn api_free(ctx: *mut c_void) {
+    if ctx.is_null() {
+        return;
+    }
+    // SAFETY: `ctx` is the `Box<HostBlock>` that `api_alloc` handed out for this DataPtr; the
+    // shim's DataPtr calls this deleter exactly once, when the storage dies.
+    let block = unsafe { Box::from_raw(ctx.cast::<HostBlock>()) };
+    HostPool::global().free(*block);
+}
+
+// ----- kernel outputs -----
+
+extern "C" fn api_release(handle: *mut c_void) {
+    if handle.is_null() {
+        return;
+    }
+    // SAFETY: `handle` is the `Box<Buffer>` `api_call` handed out with an output; the shim's
+    // DataPtr calls this deleter exactly once.
+    drop(unsafe { Box::from_raw(handle.cast::<Buffer>()) });
+}
+
+// ----- plans -----
+
+/// A static argument slot: its name, position, and whether torch passes it as a dtype.
+#[derive(Debug)]
+struct StaticSlot {
+    name: &'static str,
+    position: usize,
+    is_dtype: bool,
+}
+
+#[derive(Debug)]
+struct Variant {
+    tensors: Vec<usize>,
+    statics: Vec<StaticSlot>,
+    absent: Vec<usize>,
+}
+
+/// How calls of one bound op go.
+#[derive(Debug)]
+enum Plan {
+    Kernels {
+        key: String,
+        variants: Vec<Variant>,
+        /// Position of the op's `bool[]` output mask, when the kernels do not bind it.
+        output_mask: Option<usize>,
+        /// Strided inputs are gathered into contiguous ones.
+        copy_strided: bool,
+    },
+    /// Every call declines with this reason (the op's kernels were removed, or their binding
+    /// refused).
+    Declined { key: String, category: &'static str, reason: String },
+}
+
+#[derive(Debug, Default)]
+struct Plans {
+    by_key: HashMap<String, u32>,
+    plans: Vec<Arc<Plan>>,
+}
+
+static PLANS: std::sync::LazyLock<RwLock<Plans>> =
+    std::sync::LazyLock::new(|| RwLock::new(Plans::default()));
+
+fn plan_of(op: u32) -> Option<Arc<Plan>> {
+    let plans = PLANS.read().unwrap_or_else(PoisonError::into_inner);
+    plans.plans.get(op as usize).cloned()
+}
+
+// ----- the kernel path -----
+
+struct BoundCall<'a> {
+    key: &'a str,
+    tensors: Vec<&'a TpukArg>,
+    statics: Vec<(&'static str, StaticValue)>,
+}
+
+/// The static value of argument `a`, or why it cannot be one.
+fn static_of(a: &TpukArg, slot: &StaticSlot) -> Result<Option<StaticValue>, String> {
+    Ok(Some(match a.kind {
+        KIND_NONE => return Ok(None),
+        KIND_INT if slot.is_dtype => {
+            let name = dtype_name_of_code(a.i)
+                .ok_or_else(|| format!("static `{}` is an unknown dtype (#{})", slot.name, a.i))?;
+            StaticValue::Str(name.to_owned())
+        }
+        KIND_INT => StaticValue::Int(a.i),
+        KIND_BOOL => StaticValue::Bool(a.i != 0),
+        KIND_DOUBLE => StaticValue::Float(a.d),
+        KIND_STRING => {
+            let bytes = if a.i == 0 || a.data.is_null() {
+                &[][..]
+            } else {
+                // SAFETY: the shim passes the string's bytes and length, alive for the call.
+                unsafe { std::slice::from_raw_parts(a.data.cast::<u8>(), a.i as usize) }
+            };
+            StaticValue::Str(String::from_utf8_lossy(bytes).into_owned())
+        }
+        _ => {
+            return Err(format!(
+                "static `{}` is not a bool, int, float, str or dtype (kernels take no lists)",
+                slot.name
+            ));
+        }
+    }))
+}
+
+fn bind<'a>(
+    key: &'a str,
+    variants: &[Variant],
+    args: &'a [TpukArg],
+) -> Result<BoundCall<'a>, String> {
+    let mut reasons: Vec<String> = Vec::new();
+    'variants: for v in variants {
+        for &p in &v.absent {
+            if args.get(p).is_some_and(|a| a.kind != KIND_NONE) {
+                reasons.push(format!("argument {p} is given; a variant's kernels do not take it"));
+                continue 'variants;
+            }
+        }
+        let mut tensors = Vec::with_capacity(v.tensors.len());
+        for &p in &v.tensors {
+            match args.get(p) {
+                Some(a) if a.kind == KIND_TENSOR => tensors.push(a),
+                _ => {
+                    reasons.push(format!("argument {p} is not a tensor"));
+                    continue 'variants;
+                }
+            }
+        }
+        let mut statics = Vec::with_capacity(v.statics.len());
+        for s in &v.statics {
+            let Some(a) = args.get(s.position) else {
+                reasons.push(format!("static `{}` is missing", s.name));
+                continue 'variants;
+            };
+            match static_of(a, s) {
+                Ok(Some(value)) => statics.push((s.name, value)),
+                Ok(None) => {}
+                Err(m) => {
+                    reasons.push(m);
+                    continue 'variants;
+                }
+            }
+        }
+        return Ok(BoundCall { key, tensors, statics });
+    }
+    reasons.dedup();
+    Err(reasons.join("; "))
+}
+
+/// A tensor argument's elements as the kernel reads them: in place when dense row-major, a
+/// gathered copy when `gather` allows it, else why not.
+enum Elements<'a> {
+    InPlace(&'a [u8]),
+    Gathered(Vec<u8>),
+}
+
+impl Elements<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Elements::InPlace(b) => b,
+            Elements::Gathered(v) => v,
+        }
+    }
+}
+
+struct Input<'a> {
+    ty: TensorType,
+    elements: Elements<'a>,
+}
+
+fn input<'a>(i: usize, a: &'a TpukArg, gather: bool) -> Result<Input<'a>, String> {
+    if a.device != ON_TPU {
+        return Err(format!("input {i} is not a tpu tensor"));
+    }
+    let dtype = dtype_of_code(a.dtype).ok_or_else(|| {
+        format!("input {i} has a dtype (ScalarType #{}) no kernel takes", a.dtype)
+    })?;
+    let rank = a.len as usize;
+    let (sizes, strides) = if rank == 0 {
+        (&[][..], &[][..])
+    } else {
+        // SAFETY: the shim passes the tensor's sizes and strides arrays of `len` entries.
+        unsafe {
+            (std::slice::from_raw_parts(a.sizes, rank), std::slice::from_raw_parts(a.strides, rank))
+        }
+    };
+    let dims: Vec<u64> = sizes.iter().map(|&d| d as u64).collect();
+    let numel: usize = sizes.iter().map(|&d| d.max(0) as usize).product();
+    let esize = dtype.byte_size();
+    let ty = TensorType::new(dtype, Shape::of(&dims));
+    if numel == 0 || a.data.is_null() {
+        return Ok(Input { ty, elements: Elements::InPlace(&[]) });
+    }
+    if crate::tensor::row_major(sizes, Some(strides)) {
+        // SAFETY: a dense row-major tensor: its `numel` elements are the bytes from its first
+        // element on, inside its storage, which the boxed stack keeps alive for the call.
+        let bytes = unsafe { std::slice::from_raw_parts(a.data.cast::<u8>(), numel * esize) };
+        return Ok(Input { ty, elements: Elements::InPlace(bytes) });
+    }
+    if !gather {
+        return Err(format!("input {i} is strided (strides {strides:?} for sizes {sizes:?})"));
+    }
+    // SAFETY: sizes and strides describe elements inside the tensor's storage (PyTorch's
+    // invariant for a tensor), which the boxed stack keeps alive for the call.
+    let gathered = unsafe { crate::tensor::gather(a.data.cast::<u8>(), sizes, strides, esize) };
+    Ok(Input { ty, elements: Elements::Gathered(gathered) })
+}
+
+fn call(op: u32, args: &[TpukArg], outs: &mut [TpukOut]) -> i32 {
+    let Some(rt) = runtime_if_ready() else {
+        set_message("the tpu device's runtime is not started".to_owned());
+        return ERROR;
+    };
+    let Some(plan) = plan_of(op) else {
+        set_message(format!("the tpu device has no op #{op}"));
+        return ERROR;
+    };
+    let (key, variants, output_mask, copy_strided) = match &*plan {
+        Plan::Declined { key, category, reason } => {
+            return decline(key, category, reason.clone());
+        }
+        Plan::Kernels { key, variants, output_mask, copy_strided } => {
+            (key.as_str(), variants, *output_mask, *copy_strided)
+        }
+    };
+    let bound = match bind(key, variants, args) {
+        Ok(b) => b,
+        Err(why) => {
+            return decline(key, "bad_input", format!("arguments bind no kernel: {why}"));
+        }
+    };
+    let mut inputs = Vec::with_capacity(bound.tensors.len());
+    for (i, a) in bound.tensors.iter().enumerate() {
+        match input(i, a, copy_strided) {
+            Ok(t) => inputs.push(t),
+            Err(why) => return decline(key, "bad_input", why),
+        }
+    }
+    let host: Vec<HostTensor<'_>> = inputs
+        .iter()
+        .map(|t| HostTensor { ty: &t.ty, data: t.elements.bytes(), contiguous: true })
+        .collect();
+    let buffers = match rt.dispatcher.call(bound.key, &host, &bound.statics) {
+        Ok(b) => b,
+        Err(DispatchError::Fallback(f)) if f.reason.is_error() && crate::errors::raise_errors() => {
+            set_message(f.to_string());
+            return ERROR;
+        }
+        Err(DispatchError::Forbidden(f)) => {
+            set_message(format!("fallback forbidden: {f}"));
+            return ERROR;
+        }
+        // Counted by the dispatcher.
+        Err(_) => return DECLINED,
+    };
+    if buffers.len() != outs.len() {
+        set_message(format!(
+            "`{key}`: the kernel returned {} outputs where the op has {}",
+            buffers.len(),
+            outs.len()
+        ));
+        return ERROR;
+    }
+    let mask: Option<Vec<bool>> = output_mask.and_then(|p| args.get(p)).and_then(|a| {
+        if a.kind != KIND_BOOL_LIST || a.data.is_null() {
+            return None;
+        }
+        // SAFETY: the shim passes a bool list as `len` bytes alive for the call.
+        let bytes = unsafe { std::slice::from_raw_parts(a.data.cast::<u8>(), a.len as usize) };
+        Some(bytes.iter().map(|&b| b != 0).collect())
+    });
+    for (k, (buffer, out)) in buffers.into_iter().zip(outs.iter_mut()).enumerate() {
+        *out = TpukOut {
+            data: std::ptr::null_mut(),
+            handle: std::ptr::null_mut(),
+            dtype: 0,
+            ndim: 0,
+            absent: 0,
+            reserved: 0,
+            sizes: [0; MAX_RANK],
+        };
+        if mask.as_ref().is_some_and(|m| m.get(k) == Some(&false)) {
+            out.absent = 1;
+            continue;
+        }
+        if let Err(m) = fill_output(key, k, buffer, out) {
+            set_message(m);
+            return ERROR;
+        }
+    }
+    RAN
+}
+
+/// Hands `buffer` to the shim as output `k`: its host address, its type and dims, and the
+/// boxed buffer as the owner the shim releases.
+fn fill_output(key: &str, k: usize, buffer: Buffer, out: &mut TpukOut) -> Result<(), String> {
+    let dims = buffer.dims();
+    if dims.len() > MAX_RANK {
+        return Err(format!("`{key}`: output {k} has rank {} (at most {MAX_RANK})", dims.len()));
+    }
+    out.dtype = tpu_kernels_registry::dispatch::dtype_of(buffer.element_type())
+        .and_then(code_of_dtype)
+        .ok_or_else(|| format!("`{key}`: output {k} has a type torch has no dtype for"))?;
+    out.ndim = dims.len() as i32;
+    out.sizes[..dims.len()].copy_from_slice(dims);
+    let data = if buffer.byte_size() == 0 {
+        NonNull::<u64>::dangling().as_ptr().cast::<c_void>()
+    } else {
+        buffer
+            .read_in_place(|bytes| bytes.as_ptr())
+            .map_err(|e| format!("`{key}`: reading output {k}: {e}"))?
+            .cast_mut()
+            .cast::<c_void>()
+    };
+    out.data = data;
+    out.handle = Box::into_raw(Box::new(buffer)).cast();
+    Ok(())
+}
+
+extern "C" fn api_call(
+    op: u32,
+    args: *const TpukArg,
+    nargs: usize,
+    outs: *mut TpukOut,
+    nouts: usize,
+) -> i32 {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let args = if nargs == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the shim passes `nargs` initialised arguments alive for the call.
+            unsafe { std::slice::from_raw_parts(args, nargs) }
+        };
+        let outs = if nouts == 0 {
+            &mut [][..]
+        } else {
+            // SAFETY: the shim passes `nouts` writable outputs.
+            unsafe { std::slice::from_raw_parts_mut(outs, nouts) }
+        };
+        call(op, args, outs)
+    }));
+    result.unwrap_or_else(|_| {
+        set_message(format!("internal error: the tpu device's call of op #{op} panicked"));
+        ERROR
+    })
+}
+
+// ----- accounting -----
+
+/// Calls that ran in the CPU fallback, and calls of bound ops the device declined before the
+/// dispatcher saw them (the dispatcher counts its own).
+#[derive(Debug, Default)]
+struct Counts {
+    /// Operator handle address -> index in `fell_back`.
+    by_handle: HashMap<usize, usize>,
+    fell_back: Vec<(String, u64)>,
+    /// Op -> category -> (count, last message, clock tick).
+    declined: HashMap<String, HashMap<&'static str, (u64, String, u64)>>,
+}
+
+static COUNTS: Mutex<Option<Counts>> = Mutex::new(None);
+
+fn with_counts<R>(f: impl FnOnce(&mut Counts) -> R) -> R {
+    let mut guard = COUNTS.lock().unwrap_or_else(PoisonError::into_inner);
+    f(guard.get_or_insert_with(Counts::default))
+}
+
+extern "C" fn api_fell_back(key: usize, name: *const c_char, len: usize) {
+    with_counts(|c| {
+        if let Some(&i) = c.by_handle.get(&key) {
+            c.fell_back[i].1 += 1;
+            return;
+        }
+        let text = if name.is_null() || len == 0 {
+            String::from("?")
+        } else {
+            // SAFETY: the shim passes the op's name, `len` bytes alive for the call.
+            let bytes = unsafe { std::slice::from_raw_parts(name.cast::<u8>(), len) };
+            String::from_utf8_lossy(bytes).into_owned()
+        };
+        c.by_handle.insert(key, c.fell_back.len());
+        c.fell_back.push((text, 1));
+    });
+}
+
+/// Counts a call of a bound op the device declined before the dispatcher saw it.
+fn decline(key: &str, category: &'static str, message: String) -> i32 {
+    let seq = tpu_kernels_registry::dispatch::next_fallback_seq();
+    let message = format!("`{key}` falls back on the tpu device: {message}");
+    with_counts(|c| {
+        let per = match c.declined.get_mut(key) {
+            Some(p) => p,
+            None => c.declined.entry(key.to_owned()).or_default(),
+        };
+        let e = per.entry(category).or_insert((0, String::new(), 0));
+        e.0 += 1;
+        e.1 = message;
+        e.2 = seq;
+    });
+    DECLINED
+}
+
+// ----- Python API -----
+
+/// The table the shim calls, as a capsule for `tpu_kernels._device.install`; starts the
+/// runtime (the PJRT client) first, so the device's calls never start it.
+#[pyfunction]
+pub(crate) fn device_api(py: Python<'_>) -> PyResult<Bound<'_, PyCapsule>> {
+    runtime(py)?;
+    let ptr = NonNull::from(&API).cast::<c_void>();
+    // SAFETY: `API` is a `'static` table, valid for the capsule's (and the process's) life.
+    unsafe { PyCapsule::new_with_pointer(py, ptr, c"tpu_kernels._native.device_api") }
+}
+
+/// Records how calls of op `key` go on the device and returns its id (the same id for the same
+/// op on every call). `plan` is `(variants, output_mask, copy_strided)` with variants as
+/// `[(tensor_positions, [(static, position, is_dtype)], absent_positions)]`, or
+/// `(category, reason)` for an op whose every call declines.
+#[pyfunction]
+pub(crate) fn device_plan(key: &str, plan: &Bound<'_, PyAny>) -> PyResult<u32> {
+    type VariantSpec = (Vec<usize>, Vec<(String, usize, bool)>, Vec<usize>);
+    let parsed = if let Ok((variants, output_mask, copy_strided)) =
+        plan.extract::<(Vec<VariantSpec>, Option<usize>, bool)>()
+    {
+        Plan::Kernels {
+            key: key.to_owned(),
+            variants: variants
+                .into_iter()
+                .map(|(tensors, statics, absent)| Variant {
+                    tensors,
+                    statics: statics
+                        .into_iter()
+                        .map(|(name, position, is_dtype)| StaticSlot {
+                            name: crate::intern::intern(&name),
+                            position,
+                            is_dtype,
+                        })
+                        .collect(),
+                    absent,
+                })
+                .collect(),
+            output_mask,
+            copy_strided,
+        }
+    } else if let Ok((category, reason)) = plan.extract::<(String, String)>() {
+        let category = match category.as_str() {
+            "schema_refused" => "schema_refused",
+            "no_kernel" => "no_kernel",
+            other => {
+                return Err(PyValueError::new_err(format!("unknown decline category `{other}`")));
+            }
+        };
+        Plan::Declined { key: key.to_owned(), category, reason }
+    } else {
+        return Err(PyValueError::new_err(format!("not a device plan for `{key}`: {plan}")));
+    };
+    let mut plans = PLANS.write().unwrap_or_else(PoisonError::into_inner);
+    let plan = Arc::new(parsed);
+    if let Some(&id) = plans.by_key.get(key) {
+        plans.plans[id as usize] = plan;
+        return Ok(id);
+    }
+    let id = u32::try_from(plans.plans.len())
+        .map_err(|_| PyValueError::new_err("too many ops bound on the device"))?;
+    plans.plans.push(plan);
+    plans.by_key.insert(key.to_owned(), id);
+    Ok(id)
+}
+
+/// Asks libtpu for a TPU client and says what it answered: why no TPU can back the device here.
+/// (On a TPU VM the client is created; running the device on it is the TPU execution seam
+/// ARCHITECTURE.md describes, not built yet, which the answer says.)
+#[pyfunction]
+pub(crate) fn device_tpu_probe(py: Python<'_>) -> String {
+    py.detach(|| match crate::runtime::libtpu() {
+        Err(e) => format!("libtpu cannot be loaded: {e}"),
+        Ok(plugin) => {
+            match tpu_kernels_registry::pjrt::Client::new(
+                &plugin,
+                tpu_kernels_registry::pjrt::ClientOptions::new(),
+            ) {
+                Err(e) => format!("libtpu found no TPU: {e}"),
+                Ok(client) => format!(
+                    "libtpu opened {} TPU device(s), but the tpu device does not execute on them yet                      (ARCHITECTURE.md: the TPU execution seam)",
+                    client.devices().len()
+                ),
+            }
+        }
+    })
+}
+
+/// The device's counters: the allocator's, the fallback's (op -> calls) and the calls the
+/// kernel path declined before the dispatcher saw them (op -> category -> (count, last
+/// message, clock tick)).
+#[pyfunction]
+pub(crate) fn device_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    let s = HostPool::global().stats();
+    let mem = PyDict::new(py);
+    mem.set_item("allocated_bytes", s.allocated)?;
+    mem.set_item("peak_allocated_bytes", s.peak_allocated)?;
+    mem.set_item("reserved_bytes", s.reserved)?;
+    mem.set_item("peak_reserved_bytes", s.peak_reserved)?;
+    mem.set_item("cached_bytes", s.cached)?;
+    mem.set_item("cache_limit_bytes", s.limit)?;
+    mem.set_item("allocs", s.allocs)?;
+    mem.set_item("frees", s.frees)?;
+    mem.set_item("cache_hits", s.cache_hits)?;
+    mem.set_item("system_allocs", s.system_allocs)?;
+    mem.set_item("system_frees", s.system_frees)?;
+    mem.set_item("ooms", s.ooms)?;
+    d.set_item("memory", mem)?;
+    let fell = PyDict::new(py);
+    let declined = PyDict::new(py);
+    {
+        let guard = COUNTS.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = guard.as_ref() {
+            for (op, n) in &c.fell_back {
+                fell.set_item(op, n)?;
+            }
+            for (op, cats) in &c.declined {
+                let per = PyDict::new(py);
+                for (cat, (n, last, seq)) in cats {
+                    per.set_item(*cat, (*n, last, *seq))?;
+                }
+                declined.set_item(op, per)?;
+            }
+        }
+    }
+    d.set_item("fallbacks", fell)?;
+    d.set_item("declined", declined)?;
+    Ok(d)
+}
+
+/// Returns the allocator's cached blocks to the system (`torch.tpu.empty_cache()`).
+#[pyfunction]
+pub(crate) fn device_empty_cache() {
+    HostPool::global().empty_cache();
+}
+
+/// Resets the allocator's peaks to the current figures.
+#[pyfunction]
+pub(crate) fn device_reset_peaks() {
+    HostPool::global().reset_peaks();
+}
+
+pub(crate) fn register(m: &pyo3::Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(device_api, m)?)?;
+    m.add_function(wrap_pyfunction!(device_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(device_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(device_tpu_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(device_empty_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(device_reset_peaks, m)?)?;
+    Ok(())
+}

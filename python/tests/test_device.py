@@ -1,0 +1,298 @@
+"""The "tpu" device (`import tpu_kernels.device`): creation and moves, memory, views and in-place
+ops, kernels at the dispatch key, declines and the fallback, autograd and optimizers, runtime
+registration, mixed devices, out-of-memory, and a PrivateUse1 key another backend holds.
+
+Every claim that a kernel ran is checked with `no_fallbacks(kernels=...)`, which fails if the
+call fell back or the kernel did not run; the fallback's own counters
+(`report().device["fallbacks"]`) show which ops ran on CPU kernels over the device's memory.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tpu_kernels as tk  # noqa: E402
+import tpu_kernels.device as device  # noqa: E402
+from tpu_kernels.testing import no_fallbacks  # noqa: E402
+
+
+def _fell_back(op: str) -> int:
+    return tk.report().device["fallbacks"].get(op, 0)
+
+
+def test_the_device_is_registered_with_torchs_device_functions():
+    assert device.is_installed() and device.unavailable_reason() is None
+    assert torch._C._get_privateuse1_backend_name() == "tpu"
+    assert torch.tpu.is_available() and torch.tpu.device_count() == 1 and torch.tpu.current_device() == 0
+    assert "PJRT cpu" in torch.tpu.get_device_name()
+    assert device.platform() == "cpu"
+    assert torch.bfloat16 in torch.tpu.get_amp_supported_dtype()
+    assert tk.report().device["platform"] == "cpu"
+    with pytest.raises(RuntimeError, match="tpu:1 does not exist"):
+        torch.empty(2, device="tpu:1")
+
+
+def test_creation_and_moves():
+    x = torch.randn(3, 5, device="tpu")
+    assert x.device == torch.device("tpu", 0) and x.is_tpu and x.dtype == torch.float32
+    c = torch.arange(12, dtype=torch.int64).reshape(3, 4)
+    t = c.to("tpu")
+    assert t.device.type == "tpu" and t.dtype == torch.int64
+    assert torch.equal(t.cpu(), c)
+    assert torch.equal(c.tpu().cpu(), c)
+    assert torch.equal(torch.zeros(4, device="tpu").cpu(), torch.zeros(4))
+    b = torch.ones(2, 2, dtype=torch.bfloat16).to("tpu")
+    assert b.dtype == torch.bfloat16 and torch.equal(b.cpu(), torch.ones(2, 2, dtype=torch.bfloat16))
+    m = torch.nn.Linear(4, 3).to("tpu")
+    assert all(p.device.type == "tpu" for p in m.parameters())
+    assert t.sum().item() == 66
+
+
+def test_seeded_random_ops_match_cpu():
+    torch.manual_seed(123)
+    a = torch.randn(16)
+    torch.manual_seed(123)
+    b = torch.randn(16, device="tpu")
+    assert torch.equal(a, b.cpu())
+    torch.tpu.manual_seed(7)
+    assert torch.tpu.initial_seed() == 7
+    state = torch.tpu.get_rng_state()
+    a = torch.rand(8, device="tpu").cpu()
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(torch.rand(8, device="tpu").cpu(), a)
+    # torch's fork_rng saves and restores the device's generator.
+    torch.tpu.set_rng_state(state)
+    with torch.random.fork_rng(device_type="tpu"):
+        torch.rand(8, device="tpu")
+    assert torch.equal(torch.rand(8, device="tpu").cpu(), a)
+
+
+def test_memory_comes_from_the_caching_allocator():
+    torch.tpu.empty_cache()
+    before = torch.tpu.memory_stats()
+    x = torch.empty(1 << 18, device="tpu")  # 1 MiB
+    assert x.data_ptr() % 64 == 0
+    assert torch.tpu.memory_allocated() - before["allocated_bytes"] == 1 << 20
+    ptr = x.data_ptr()
+    del x
+    assert torch.tpu.memory_allocated() == before["allocated_bytes"]
+    assert torch.tpu.memory_reserved() >= 1 << 20
+    y = torch.empty(1 << 18, device="tpu")  # the same size class: the cached block again
+    after = torch.tpu.memory_stats()
+    assert y.data_ptr() == ptr and after["cache_hits"] > before["cache_hits"]
+    assert torch.tpu.max_memory_allocated() >= 1 << 20
+    del y
+    torch.tpu.empty_cache()
+    assert torch.tpu.memory_stats()["cached_bytes"] == 0
+
+
+def test_views_and_in_place_ops_share_memory_as_on_cpu():
+    x = torch.arange(12.0).reshape(3, 4).to("tpu")
+    v = x[1:3, 1:]
+    assert v.data_ptr() == x.data_ptr() + (4 + 1) * 4
+    v.add_(100)
+    t = x.t()
+    assert t.data_ptr() == x.data_ptr() and t.stride() == (1, 4)
+    assert x.view(12).data_ptr() == x.data_ptr()
+    expected = torch.arange(12.0).reshape(3, 4)
+    expected[1:3, 1:] += 100
+    assert torch.equal(x.cpu(), expected)
+    # `unfold` is a view op with no composite kernel: it goes through the fallback, whose
+    # result must still be a view of the device tensor.
+    n = _fell_back("aten::unfold")
+    u = x.reshape(12).unfold(0, 4, 4)
+    assert _fell_back("aten::unfold") == n + 1
+    assert u.data_ptr() == x.data_ptr()
+    u.mul_(0)
+    assert torch.equal(x.cpu(), torch.zeros(3, 4))
+    # out= through the fallback, into a device tensor that must grow.
+    out = torch.empty(0, device="tpu")
+    torch.add(torch.ones(5, device="tpu"), 1, out=out)
+    assert out.shape == (5,) and torch.equal(out.cpu(), torch.full((5,), 2.0))
+
+
+def test_a_bound_op_runs_its_kernel_at_the_key():
+    x = torch.randn(64, 128)
+    before = _fell_back("aten::gelu")
+    with no_fallbacks(kernels=["gelu"]) as ran:
+        y = torch.nn.functional.gelu(x.to("tpu"))
+    assert ran.kernels["gelu"] == 1
+    assert _fell_back("aten::gelu") == before
+    assert y.device.type == "tpu" and y.data_ptr() % 64 == 0
+    torch.testing.assert_close(y.cpu(), torch.nn.functional.gelu(x))
+
+
+def test_the_device_and_substitute_give_identical_results():
+    x = torch.randn(32, 64)
+    w, b = torch.randn(64), torch.randn(64)
+    with tk.substitute("strict"), no_fallbacks(kernels=["gelu", "layer_norm"]):
+        ref = torch.nn.functional.layer_norm(torch.nn.functional.gelu(x), (64,), w, b)
+    xt, wt, bt = x.to("tpu"), w.to("tpu"), b.to("tpu")
+    with no_fallbacks(kernels=["gelu", "layer_norm"]):
+        out = torch.nn.functional.layer_norm(torch.nn.functional.gelu(xt), (64,), wt, bt)
+    assert torch.equal(out.cpu(), ref)
+
+
+def test_a_call_no_kernel_takes_is_declined_with_its_reason_and_still_right():
+    x = torch.randn(16, 8)
+    with no_fallbacks(allow={"aten::gelu.default": "a strided input"}) as ran:
+        y = torch.nn.functional.gelu(x.to("tpu").t())
+    assert ran.fallbacks == {("aten::gelu.default", "bad_input"): 1}
+    assert "strided" in tk.report().ops["aten::gelu.default"]["last_fallback"]
+    torch.testing.assert_close(y.cpu(), torch.nn.functional.gelu(x.t()))
+    # A static outside every kernel's guards (approximate="tanh" has its own kernel; an
+    # unsupported dtype has none).
+    xi = torch.randn(8, 8, dtype=torch.float64)
+    with no_fallbacks(allow={"aten::gelu.default": "float64"}) as ran:
+        y = torch.nn.functional.gelu(xi.to("tpu"))
+    assert sum(ran.fallbacks.values()) == 1
+    torch.testing.assert_close(y.cpu(), torch.nn.functional.gelu(xi))
+
+
+def test_mixed_devices_are_an_error_naming_the_op():
+    a = torch.ones(4, device="tpu")
+    # PyTorch's own check (TensorIterator's), as for any device.
+    with pytest.raises(RuntimeError, match=r"same device.*tpu:0 and cpu"):
+        a + torch.ones(4)
+    # Ops that reach the fallback are checked there, naming the op and the argument.
+    with pytest.raises(RuntimeError, match=r"tpu:0 and cpu.*`tensor` of aten::dot"):
+        torch.dot(a, torch.ones(4))
+    # An op with a kernel at the key checks the same way.
+    with pytest.raises(RuntimeError, match=r"tpu:0 and cpu.*`weight` of aten::native_layer_norm"):
+        torch.nn.functional.layer_norm(a.reshape(1, 4), (4,), torch.ones(4))
+    # A 0-dim CPU tensor is a scalar, as with other devices.
+    assert torch.equal((a * torch.tensor(3.0)).cpu(), torch.full((4,), 3.0))
+    # CPU indices may index a device tensor.
+    assert torch.equal(a[torch.tensor([0, 2])].cpu(), torch.ones(2))
+
+
+def test_out_of_memory_raises_torchs_error_and_the_process_goes_on():
+    with pytest.raises(torch.OutOfMemoryError, match="tpu: out of memory"):
+        torch.empty(1 << 48, dtype=torch.float32, device="tpu")
+    assert torch.tpu.memory_stats()["ooms"] >= 1
+    assert torch.ones(2, device="tpu").sum().item() == 2
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw_foreach", "adamw_fused"])
+def test_training_steps_match_cpu(opt):
+    def make(params):
+        if opt == "sgd":
+            return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+        return torch.optim.AdamW(params, lr=1e-2, foreach=opt == "adamw_foreach", fused=opt == "adamw_fused" or None)
+
+    x = torch.randn(8, 16)
+    cpu, tpu = _mlp(), _mlp().to("tpu")
+    o_cpu, o_tpu = make(cpu.parameters()), make(tpu.parameters())
+    xt = x.to("tpu")
+    for _ in range(2):
+        loss_cpu = cpu(x).pow(2).mean()
+        loss_cpu.backward()
+        with no_fallbacks(kernels=["gelu", "layer_norm", "layer_norm_backward"]):
+            loss_tpu = tpu(xt).pow(2).mean()
+            loss_tpu.backward()
+        torch.testing.assert_close(loss_tpu.detach().cpu(), loss_cpu.detach())
+        for p, q in zip(tpu.parameters(), cpu.parameters()):
+            assert p.grad.device.type == "tpu"
+            torch.testing.assert_close(p.grad.cpu(), q.grad)
+        o_cpu.step()
+        o_tpu.step()
+        o_cpu.zero_grad()
+        o_tpu.zero_grad()
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach())
+
+
+def test_a_new_ops_kernel_runs_at_the_key():
+    x, w = torch.randn(8, 64), torch.randn(64)
+    with no_fallbacks(kernels=["rms_norm"]):
+        y = torch.ops.tpuk.rms_norm(x.to("tpu"), w.to("tpu"))
+    assert y.device.type == "tpu"
+    torch.testing.assert_close(y.cpu(), torch.ops.tpuk.rms_norm(x, w))
+
+
+def test_a_kernel_registered_later_serves_the_device_from_the_next_call(cleanup):
+    jax = pytest.importorskip("jax")
+    x = torch.randn(8, 128)
+    # Before: the structured op's out= form runs in the fallback.
+    before = _fell_back("aten::tanh.out")
+    torch.tanh(x.to("tpu"))
+    assert _fell_back("aten::tanh.out") == before + 1
+    def tanh(self):  # named as torch's schema names the argument
+        return jax.numpy.tanh(self)
+
+    k = tk.register_jax(tanh, name="dev_tanh", op="aten::tanh", signatures=["f32[8,128]"])
+    with no_fallbacks(kernels=["dev_tanh"]):
+        y = torch.tanh(x.to("tpu"))
+    torch.testing.assert_close(y.cpu(), torch.tanh(x))
+    assert _fell_back("aten::tanh.out") == before + 1
+    tk.unregister(k.name)
+    with no_fallbacks(allow={"aten::tanh.default": "its kernel was removed"}) as ran:
+        y = torch.tanh(x.to("tpu"))
+    assert ran.fallbacks == {("aten::tanh.default", "no_kernel"): 1}
+    torch.testing.assert_close(y.cpu(), torch.tanh(x))
+
+
+def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_a_privateuse1_key_another_backend_holds_is_left_alone():
+    r = _run(
+        """
+        import warnings, torch
+        torch.utils.rename_privateuse1_backend("other")
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            import tpu_kernels.device as d
+        assert not d.is_installed(), "installed over another backend"
+        assert any("'other' backend" in str(x.message) for x in w), [str(x.message) for x in w]
+        assert "'other' backend" in d.unavailable_reason()
+        assert torch._C._get_privateuse1_backend_name() == "other"
+        import tpu_kernels as tk
+        from tpu_kernels.testing import no_fallbacks
+        x = torch.randn(4, 8)
+        with tk.substitute("strict"), no_fallbacks(kernels=["gelu"]):
+            torch.nn.functional.gelu(x)
+        assert tk.report().device is None
+        print("left alone")
+        """
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "left alone" in r.stdout
+
+
+def test_requiring_a_tpu_without_one_is_an_error_naming_libtpus_answer():
+    r = _run(
+        """
+        import torch
+        from tpu_kernels.errors import RuntimeUnavailableError
+        try:
+            import tpu_kernels.device
+        except RuntimeUnavailableError as e:
+            print("refused:", e)
+        else:
+            raise SystemExit("ran on the CPU plugin although a TPU was required")
+        """,
+        env={"TPUK_REQUIRE_TPU": "1"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refused: a TPU is required" in r.stdout
+    assert "libtpu" in r.stdout
