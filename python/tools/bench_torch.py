@@ -6,8 +6,13 @@
 2. Fused vs strict on a chain of 8 kernel-backed ops over 4M elements (target: fused >= 2x
    faster than strict).
 3. The example GPT's forward: torch.compile(backend="tpu_kernels") vs eager PyTorch vs inductor.
+4. The "tpu" device (`import tpu_kernels.device`): one op on 16 elements whose kernel is
+   registered at the device's key (target: <= 4 us over CPU eager) and one op that runs in the
+   device's CPU fallback (target: <= 2.5 us over CPU eager), against the same ops on CPU; and
+   the process's RSS over 1M kernel calls and 1M fallback calls (target: flat, under 8 MiB of
+   growth after the first 10k).
 
-    python python/tools/bench_torch.py [--quick] [--only overhead,chains,gpt]
+    python python/tools/bench_torch.py [--quick] [--only overhead,chains,gpt,device]
 
 Before a substituted, fused or compiled path is timed, it runs once inside
 `tpu_kernels.testing.no_fallbacks(...)`, which fails if an op fell back to PyTorch, a fused
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import sys
 import time
@@ -43,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CITED = [
     "TorchTPU's custom-kernel path costs 65-77 us of host overhead per op, as reported by TorchTPU's users",
 ]
-SECTIONS = ("overhead", "chains", "gpt")
+SECTIONS = ("overhead", "chains", "gpt", "device")
 
 
 class NotOurs(Exception):
@@ -276,6 +282,51 @@ def gpt_forward(repeats: int, inductor: bool) -> dict[str, float | str]:
     return out
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def device_overhead(n: int, calls: int) -> tuple[dict[str, float | str], dict[str, float]]:
+    """Per-op times on the "tpu" device against CPU eager, and RSS growth over `calls` calls."""
+    import tpu_kernels.device  # noqa: F401  (registers the device)
+
+    a, b = torch.randn(16), torch.randn(16)
+    at, bt = a.to("tpu"), b.to("tpu")
+    silu_cpu, silu_tpu = (lambda: F.silu(a)), (lambda: F.silu(at))  # noqa: E731
+    add_cpu, add_tpu = (lambda: a + b), (lambda: at + bt)  # noqa: E731
+    out: dict[str, float | str] = {}
+    out["CPU eager F.silu"] = per_call_us(silu_cpu, n)
+    out["tpu F.silu (kernel at the key)"] = ours_timed(
+        "tpu F.silu", lambda: per_call_us(silu_tpu, n), silu_tpu, ops=("aten::silu.default",), kernels=("silu",)
+    )
+    with tkt.substitute("strict"):
+        out["substitute('strict') F.silu on CPU tensors"] = ours_timed(
+            "substitute F.silu", lambda: per_call_us(silu_cpu, n), silu_cpu, kernels=("silu",)
+        )
+    out["CPU eager a + b"] = per_call_us(add_cpu, n)
+    # Not ours by design: no kernel binds aten::add; the device's fallback runs the CPU kernel
+    # over the same memory. Checked to be the fallback (counted), not a kernel.
+    before = tkt.report().device["fallbacks"].get("aten::add.out", 0)
+    add_tpu()
+    if tkt.report().device["fallbacks"].get("aten::add.out", 0) != before + 1:
+        out["tpu a + b (the device's fallback)"] = "NOT OURS: the call did not go through the device's fallback"
+        NOT_OURS.append("tpu a + b: not the device's fallback")
+    else:
+        out["tpu a + b (the device's fallback)"] = per_call_us(add_tpu, n)
+    out["CPU torch.empty(16)"] = per_call_us(lambda: torch.empty(16), n)
+    out["tpu torch.empty(16) (caching allocator)"] = per_call_us(lambda: torch.empty(16, device="tpu"), n)
+    rss: dict[str, float] = {}
+    for label, f in (("kernel calls (tpu F.silu)", silu_tpu), ("fallback calls (tpu a + b)", add_tpu)):
+        for _ in range(10_000):
+            f()
+        start = _rss_mib()
+        for _ in range(calls):
+            f()
+        rss[label] = _rss_mib() - start
+    return out, rss
+
+
 def show(rows: dict[str, float | str]) -> None:
     for k, v in rows.items():
         print(f"   {k:<48} {v:8.2f}" if isinstance(v, float) else f"   {k:<48} {v}")
@@ -320,6 +371,23 @@ def main() -> int:
     if "gpt" in only:
         print("3. example GPT forward (ms)")
         show(gpt_forward(reps, inductor=not args.quick))
+    if "device" in only:
+        calls = 100_000 if args.quick else 1_000_000
+        print("4. the tpu device: host overhead per op, 16 elements (us)")
+        d, rss = device_overhead(n, calls)
+        show(d)
+        for what, op, cpu, target in (
+            ("kernel op at the key (tpu F.silu)", "tpu F.silu (kernel at the key)", "CPU eager F.silu", 4.0),
+            ("fallback op (tpu a + b)", "tpu a + b (the device's fallback)", "CPU eager a + b", 2.5),
+        ):
+            v = d[op]
+            over = v if isinstance(v, str) else v - d[cpu]
+            shown = "" if isinstance(over, str) else f"{v:.2f} us ({over:+.2f} us over CPU eager)"
+            target_line(what, over, shown, f"<= {target} us over CPU eager", lambda x, t=target: x <= t)
+        print(f"5. the tpu device: RSS growth over {calls} calls after 10k warm-up calls (MiB)")
+        show(rss)
+        for label, grown in rss.items():
+            target_line(f"RSS over {calls} {label}", grown, f"{grown:+.1f} MiB", "flat (< 8 MiB)", lambda x: x < 8.0)
     if NOT_OURS:
         print(f"{len(NOT_OURS)} timed paths were NOT OURS (not timed):", file=sys.stderr)
         for what in NOT_OURS:
