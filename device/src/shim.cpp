@@ -185,6 +185,8 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
     return c10::Stream(c10::Stream::DEFAULT, tpu_device());
   }
   c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  // The device has no native stream object (DLPack's exchange asks for one).
+  void* getStreamNativeHandle(const c10::Stream) const override { return nullptr; }
   // Every op has finished when it returns (kernels are waited for before their outputs become
   // tensors), so events and streams have nothing to wait for.
   void record(void**, const c10::Stream&, const c10::DeviceIndex,

@@ -612,11 +612,20 @@ fn decline(key: &str, category: &'static str, message: String) -> i32 {
 
 // ----- Python API -----
 
+static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the "tpu" device runs on this runtime: its tensors (DLPack's extension device) are
+/// then host memory the bridge reads in place.
+pub(crate) fn installed() -> bool {
+    INSTALLED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The table the shim calls, as a capsule for `tpu_kernels._device.install`; starts the
 /// runtime (the PJRT client) first, so the device's calls never start it.
 #[pyfunction]
 pub(crate) fn device_api(py: Python<'_>) -> PyResult<Bound<'_, PyCapsule>> {
     runtime(py)?;
+    INSTALLED.store(true, std::sync::atomic::Ordering::Relaxed);
     let ptr = NonNull::from(&API).cast::<c_void>();
     // SAFETY: `API` is a `'static` table, valid for the capsule's (and the process's) life.
     unsafe { PyCapsule::new_with_pointer(py, ptr, c"tpu_kernels._native.device_api") }

@@ -173,15 +173,16 @@ impl StrictDispatch {
         match rt.dispatcher.call(&plan.key, &inputs, &statics) {
             Ok(mut buffers) => {
                 let api = tensors.first().and_then(exchange_api);
+                let on_tpu = imported.iter().any(|t| t.on_tpu);
                 if buffers.len() == 1 {
                     let buffer = buffers
                         .pop()
                         .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("no output"))?;
-                    return export_buffer(py, buffer, api.as_ref()).map(Some);
+                    return export_buffer(py, buffer, api.as_ref(), on_tpu).map(Some);
                 }
                 let outs = buffers
                     .into_iter()
-                    .map(|b| export_buffer(py, b, api.as_ref()))
+                    .map(|b| export_buffer(py, b, api.as_ref(), on_tpu))
                     .collect::<PyResult<Vec<_>>>()?;
                 Ok(Some(PyTuple::new(py, outs)?.into_any()))
             }

@@ -116,6 +116,8 @@ pub(crate) struct Imported {
     strides: Vec<i64>,
     base: *const u8,
     element_bytes: usize,
+    /// A tensor on the "tpu" device (its memory is host memory all the same).
+    pub(crate) on_tpu: bool,
 }
 
 impl Imported {
@@ -173,9 +175,12 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported
     };
     let t = owner.validate().map_err(|e| format!("input {i}: invalid DLPack tensor: {e}"))?;
     let device = t.device();
-    if device.device_type != DLDeviceType::CPU {
+    // The "tpu" device's tensors export as DLPack's extension device; on the embedded default
+    // their memory is host memory from the device's allocator, which the client reads in place.
+    let on_tpu = device.device_type == DLDeviceType::EXTDEV && crate::device::installed();
+    if device.device_type != DLDeviceType::CPU && !on_tpu {
         return Err(format!(
-            "input {i} is on DLPack device type {} (only CPU memory feeds the PJRT CPU client)",
+            "input {i} is on DLPack device type {} (only CPU and tpu-device memory feed the PJRT CPU client)",
             device.device_type.0
         ));
     }
@@ -212,6 +217,7 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported
         strides,
         base,
         element_bytes,
+        on_tpu,
     })
 }
 
@@ -232,12 +238,14 @@ fn import_all(tensors: &Bound<'_, PyList>) -> Result<Vec<Imported>, String> {
 
 /// `buffer` as a Python object that owns it and points at its memory: a torch tensor made by
 /// the exchange table `api` when given (no capsule, no Python call), else a DLPack capsule.
+/// With `on_tpu`, the tensor is on the "tpu" device (DLPack's extension device).
 pub(crate) fn export_buffer<'py>(
     py: Python<'py>,
     buffer: Buffer,
     api: Option<&ExchangeApi>,
+    on_tpu: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
-    export_buffer_as(py, buffer, api, None)
+    export_buffer_as(py, buffer, api, None, on_tpu)
 }
 
 /// [`export_buffer`], seen through `order` when given: the buffer holds the dims of the
@@ -248,7 +256,13 @@ fn export_buffer_as<'py>(
     buffer: Buffer,
     api: Option<&ExchangeApi>,
     order: Option<&[usize]>,
+    on_tpu: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
+    let device = if on_tpu {
+        DLDevice { device_type: DLDeviceType::EXTDEV, device_id: 0 }
+    } else {
+        DLDevice::CPU
+    };
     let stored = buffer.dims().to_vec();
     let stored_strides = compact_strides(&stored);
     let (dims, strides) = match order {
@@ -286,7 +300,7 @@ fn export_buffer_as<'py>(
     if let Some(api) = api {
         let mut init =
             Dynamic::new(dims, strides).initialize(Box::new(buffer)).map_err(export_err)?;
-        init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(DLDevice::CPU);
+        init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(device);
         // SAFETY: as below (same buffer, pointer and layout), in the versioned ABI.
         let managed = unsafe { init.finish() };
         return api.managed_tensor_to_py_object_no_sync(managed, py);
@@ -294,7 +308,7 @@ fn export_buffer_as<'py>(
     let mut init = Dynamic::new(dims, strides)
         .initialize_as::<DLManagedTensor>(Box::new(buffer))
         .map_err(export_err)?;
-    init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(DLDevice::CPU);
+    init.set_data(ptr.cast_mut().cast::<c_void>()).set_dtype(dtype).set_device(device);
     // SAFETY: `ptr` is the host address of the PJRT buffer owned by the managed tensor's
     // context (it lives until the consumer calls the deleter), the buffer is ready
     // (`read_in_place` waited), and its layout is dense row-major with exactly these dims and
@@ -308,11 +322,12 @@ pub(crate) fn export_all<'py>(
     py: Python<'py>,
     buffers: Vec<Buffer>,
     like: Option<Bound<'py, PyAny>>,
+    on_tpu: bool,
 ) -> PyResult<Bound<'py, PyList>> {
     let api = like.as_ref().and_then(exchange_api);
     let out = PyList::empty(py);
     for b in buffers {
-        out.append(export_buffer(py, b, api.as_ref())?)?;
+        out.append(export_buffer(py, b, api.as_ref(), on_tpu)?)?;
     }
     Ok(out)
 }
@@ -395,17 +410,18 @@ fn call<'py>(
         .iter()
         .map(|t| HostTensor { ty: &t.ty, data: t.bytes(), contiguous: t.contiguous })
         .collect();
+    let on_tpu = imported.iter().any(|t| t.on_tpu);
     match rt.dispatcher.call(op, &inputs, &statics) {
         Ok(mut buffers) if !with_kernel && buffers.len() == 1 => {
             // The common case, answered with the tensor itself (no containers to allocate).
             let like = tensors.iter().next();
             let api = like.as_ref().and_then(exchange_api);
             let buffer = buffers.pop().ok_or_else(|| PyRuntimeError::new_err("no output"))?;
-            export_buffer(py, buffer, api.as_ref())
+            export_buffer(py, buffer, api.as_ref(), on_tpu)
         }
         Ok(buffers) => {
             let kernel = if with_kernel { selected(rt, op, &imported, &statics) } else { None };
-            Ok((kernel, export_all(py, buffers, tensors.iter().next())?)
+            Ok((kernel, export_all(py, buffers, tensors.iter().next(), on_tpu)?)
                 .into_pyobject(py)?
                 .into_any())
         }
@@ -606,10 +622,11 @@ impl GraphProgram {
             PyRuntimeError::new_err(format!("graph `{}`: execute failed: {e}", p.name))
         })?;
         let api = tensors.iter().next().as_ref().and_then(exchange_api);
+        let on_tpu = imported.iter().any(|t| t.on_tpu);
         let exported = PyList::empty(py);
         for (j, b) in outputs.into_iter().enumerate() {
             let order = layout.and_then(|l| l.outputs.get(j)).and_then(Option::as_deref);
-            exported.append(export_buffer_as(py, b, api.as_ref(), order)?)?;
+            exported.append(export_buffer_as(py, b, api.as_ref(), order, on_tpu)?)?;
         }
         if let Ok(mut s) = rt.graph_stats.lock() {
             s.runs += 1;

@@ -296,3 +296,25 @@ def test_requiring_a_tpu_without_one_is_an_error_naming_libtpus_answer():
     assert r.returncode == 0, r.stderr[-3000:]
     assert "refused: a TPU is required" in r.stdout
     assert "libtpu" in r.stdout
+
+
+@pytest.mark.parametrize("backend", ["tpu_kernels", None])
+def test_torch_compile_on_the_device_runs_our_programs(backend):
+    """`backend="tpu_kernels"` and a plain `torch.compile` (routed to the same backend: Inductor
+    has no code generator for the device) both run the lowered programs on device tensors."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    x = torch.randn(8, 16)
+    cpu, tpu = _mlp(), _mlp().to("tpu")
+    ref = cpu(x)
+    ref.pow(2).mean().backward()
+    compiled = torch.compile(tpu, backend=backend) if backend else torch.compile(tpu)
+    with no_fallbacks(programs=2, kernels=["gelu", "layer_norm", "layer_norm_backward"]):
+        y = compiled(x.to("tpu"))
+        y.pow(2).mean().backward()
+    assert y.device.type == "tpu"
+    torch.testing.assert_close(y.detach().cpu(), ref.detach())
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        assert p.grad.device.type == "tpu"
+        torch.testing.assert_close(p.grad.cpu(), q.grad)

@@ -16,6 +16,10 @@ the name "tpu", with a C++ shim (``tpu_kernels._device``) that forwards to the R
   counts these calls by op.
 - **Kernels registered later** (``register_jax``, ``load_library``) serve the device from the
   next call.
+- **torch.compile.** ``torch.compile(model, backend="tpu_kernels")`` lowers graphs of "tpu"
+  tensors as it does CPU ones (inputs read in place, outputs on the device). A plain
+  ``torch.compile(model)`` of such a graph goes to the same backend: Inductor has no code
+  generator for this device.
 
 What backs the device is its PJRT platform (:func:`platform`): "cpu", the XLA CPU plugin, on
 this package's embedded default. ``TPUK_REQUIRE_TPU=1`` (or :func:`require_tpu`) makes a
@@ -276,6 +280,30 @@ def sync() -> dict[str, str]:
     return skipped
 
 
+# ----- torch.compile -----
+
+
+def _route_inductor() -> None:
+    """Plain ``torch.compile(model)`` (Inductor) of a graph with "tpu" tensors goes to this
+    package's backend, as ``backend="tpu_kernels"`` does: Inductor has no code generator for
+    this device (torch's built-in "tpu" one is torch_tpu's Pallas code generator). Graphs
+    without "tpu" tensors stay Inductor's."""
+    wrapper = torch._TorchCompileInductorWrapper
+    original = wrapper.__call__
+    if getattr(original, "_tpu_kernels", False):
+        return
+
+    def __call__(self, model_, inputs_, **kwargs):
+        if any(isinstance(t, torch.Tensor) and t.device.type == NAME for t in inputs_):
+            from .torch.backend import tpu_kernels_backend
+
+            return tpu_kernels_backend(model_, inputs_)
+        return original(self, model_, inputs_, **kwargs)
+
+    __call__._tpu_kernels = True  # type: ignore[attr-defined]
+    wrapper.__call__ = __call__
+
+
 # ----- installation -----
 
 
@@ -334,6 +362,7 @@ def _install() -> None:
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
+        _route_inductor()
         _state["installed"] = True
         _state["reason"] = None
         sync()
