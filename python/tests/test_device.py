@@ -318,3 +318,25 @@ def test_torch_compile_on_the_device_runs_our_programs(backend):
     for p, q in zip(tpu.parameters(), cpu.parameters()):
         assert p.grad.device.type == "tpu"
         torch.testing.assert_close(p.grad.cpu(), q.grad)
+
+
+def _chain(x):
+    y = torch.nn.functional.silu(x)
+    y = y * 2 + 1
+    y = torch.nn.functional.gelu(y)
+    return torch.softmax(y, -1)
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "fused"])
+def test_substitute_modes_run_on_device_tensors(mode):
+    """The context manager keeps working above the device: its kernels read device memory in
+    place and their outputs are device tensors."""
+    x = torch.randn(64, 64)
+    ref = _chain(x)
+    expect = {"programs": 1} if mode == "fused" else {}
+    xt = x.to("tpu")
+    # The fused program runs when the mode exits: the check encloses it.
+    with no_fallbacks(kernels=["silu", "gelu", "softmax"], **expect), tk.substitute(mode):
+        y = _chain(xt)
+    assert y.device.type == "tpu"
+    torch.testing.assert_close(y.cpu(), ref)

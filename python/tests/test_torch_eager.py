@@ -7,6 +7,7 @@ F = torch.nn.functional
 tkt = pytest.importorskip("tpu_kernels.torch")
 from tpu_kernels.errors import InternalError  # noqa: E402
 from tpu_kernels.testing import error_policy  # noqa: E402
+from tpu_kernels.testing import no_fallbacks  # noqa: E402
 from tpu_kernels.torch import SubstitutionError, report, substitute  # noqa: E402
 
 
@@ -85,15 +86,39 @@ def test_kernel_error_falls_back_in_strict(monkeypatch):
         F.silu(x)
 
 
-def test_debug_matches_and_raises_naming_op_and_kernel():
+def test_debug_matches_and_falls_back_on_declines_as_strict_does():
     x = torch.randn(8, 32)
-    with substitute("debug"):
+    with substitute("debug"), no_fallbacks(kernels=["silu"]):
         y = F.silu(x)
     torch.testing.assert_close(y, F.silu(x))
-    with substitute("debug"), pytest.raises(SubstitutionError, match=r"aten::silu.default.*silu.*f64"):
-        F.silu(x.double())
-    with substitute("debug"), pytest.raises(SubstitutionError, match=r"aten::silu.default.*device `meta`"):
-        F.silu(torch.randn(4, device="meta"))
+    # No kernel takes f64: PyTorch's result, the fallback counted with its reason.
+    with substitute("debug"), no_fallbacks(allow={"aten::silu.default": "f64"}) as ran:
+        y = F.silu(x.double())
+    assert ran.fallbacks == {("aten::silu.default", "no_kernel"): 1}
+    assert "f64" in report().ops["aten::silu.default"]["last_fallback"]
+    torch.testing.assert_close(y, F.silu(x.double()))
+    with substitute("debug"), no_fallbacks(allow={"aten::silu.default": "meta"}) as ran:
+        y = F.silu(torch.randn(4, device="meta"))
+    assert y.device.type == "meta" and sum(ran.fallbacks.values()) == 1
+
+
+def test_debug_checks_pytorchs_own_outputs_too_naming_the_users_line():
+    x = torch.tensor([1.0, -1.0, 4.0])
+    with substitute("debug"), pytest.raises(SubstitutionError) as e:
+        torch.log(x)
+    message = str(e.value)
+    assert "aten::log.default (no kernel: PyTorch's): output 0 has 1 NaN and 0 Inf values from finite inputs" in message
+    assert f"test_torch_eager.py:{e.traceback[0].lineno + 1}" in message, message
+    # Inf from finite inputs is often meant (log(0)): a warning once per op and line.
+    with substitute("debug"), pytest.warns(RuntimeWarning, match=r"aten::log.default.*1 Inf values from finite inputs"):
+        torch.log(torch.tensor([0.0, 1.0]))
+    # Non-finite inputs give non-finite outputs: no error.
+    with substitute("debug"):
+        y = torch.log(torch.tensor([float("nan"), 1.0]))
+    assert y.isnan()[0]
+    # torch.empty's memory is uninitialised: never checked.
+    with substitute("debug"):
+        torch.empty(1024)
 
 
 def test_debug_checks_nan_and_shape(monkeypatch):

@@ -66,7 +66,7 @@ def test_runtime_kernel_with_mismatched_names_never_runs():
     import torch.nn.functional as F
 
     import tpu_kernels as tk
-    from tpu_kernels.torch import SubstitutionError, report, substitute
+    from tpu_kernels.torch import report, substitute
 
     x = torch.randn(8, 128)
     with substitute("strict"):
@@ -84,8 +84,11 @@ def test_runtime_kernel_with_mismatched_names_never_runs():
         torch.testing.assert_close(y, F.silu(x))
         r = report().ops["aten::silu.default"]
         assert r["fallbacks"].get("schema_refused", 0) >= 1 and "imp_silu_x" in r["last_fallback"]
-        with substitute("debug"), pytest.raises(SubstitutionError, match="refused"):
-            F.silu(x)
+        # Debug mode falls back the same way (a refused binding is no kernel failure).
+        n = report().ops["aten::silu.default"]["fallbacks"]["schema_refused"]
+        with substitute("debug"):
+            torch.testing.assert_close(F.silu(x), y)
+        assert report().ops["aten::silu.default"]["fallbacks"]["schema_refused"] == n + 1
     finally:
         tk.unregister(k.name)
     assert "imp_silu_x" not in check_schemas()

@@ -29,11 +29,7 @@ from tpu_kernels.testing import no_fallbacks  # noqa: E402
 LEFT_TO_PYTORCH: dict[str, dict[str, str]] = {}
 
 # Eager paths a model cannot take yet, with why: the test checks that they still fail that way.
-NOT_YET: dict[tuple[str, str], str] = {
-    ("mixtral", "debug"): "the experts' silu reads a chunk of the gate/up projection, a strided "
-    "view the silu kernel declines, and debug mode raises on any fallback of an op with kernels",
-    ("unet", "debug"): "silu reads a strided view (as in mixtral), which debug mode raises on",
-}
+NOT_YET: dict[tuple[str, str], str] = {}
 
 # Models none of whose ops a kernel binds (DLRM: embedding bags, addmm, relu, bmm, BCE): the
 # eager paths run PyTorch's kernels only, without error; compiled, their graphs' programs run.

@@ -205,11 +205,12 @@ class FusedMode(TorchDispatchMode):
 
     def _dispatch(self, func, args, kwargs):
         tensors = _tensors((args, kwargs), [])
-        if func._schema.is_mutable and all(t.device.type == "cpu" for t in tensors):
+        device = _one_device(tensors)
+        if func._schema.is_mutable and device is not None:
             done = self._record_in_place(func, args, kwargs)
             if done is not None:
                 return done
-        if not self._is_recordable(func) or any(t.device.type != "cpu" for t in tensors):
+        if not self._is_recordable(func) or device is None:
             returns_alias = any(r.alias_info is not None for r in func._schema.returns)
             if returns_alias and not func._schema.is_mutable:
                 # A view: metadata only, run at once. The viewed placeholders become program
@@ -249,7 +250,7 @@ class FusedMode(TorchDispatchMode):
             m if (d := cpu_output_dtype(key, i, m.dtype, dtypes)) == m.dtype else m.to(d)
             for i, m in enumerate(metas)
         ]
-        outs = [torch.empty(m.shape, dtype=m.dtype) for m in metas]
+        outs = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in metas]
         self._record(func, args, kwargs, outs, alias=False, metas=metas)
         return outs[0] if isinstance(out_meta, torch.Tensor) else tuple(outs)
 
@@ -390,6 +391,17 @@ def _run(func, args, kwargs):
         return func(*args, **kwargs)
     except Exception as e:
         raise _UserError(e) from e
+
+
+def _one_device(tensors) -> str | None:
+    """The device a recorded op's tensors share, when programs can read it in place: "cpu", or
+    "tpu" (the tpu device's memory is host memory); None otherwise (mixed, meta, ...)."""
+    devices = {t.device.type for t in tensors}
+    if not devices:
+        return "cpu"
+    if len(devices) == 1 and devices <= {"cpu", "tpu"}:
+        return devices.pop()
+    return None
 
 
 def _fill(t: torch.Tensor, value: torch.Tensor, aliased: bool) -> None:

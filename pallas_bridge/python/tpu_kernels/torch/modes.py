@@ -13,19 +13,24 @@ tensors over the PJRT buffers, no copy); every other op runs as usual.
   (`tpu_kernels.set_error_policy`, `TPUK_ON_ERROR=raise`). Asynchronous where PJRT allows: on the CPU plugin an
   output's memory can only be handed to torch once the execution that writes it is done, so
   each call returns when its kernel has finished (no extra synchronisation beyond that).
-- `debug`: synchronous, and each substituted op's outputs are checked against the op's own
-  shape/dtype rule (run on meta tensors) and for NaN/Inf the inputs did not have; any failure
-  or fallback of an op that has kernels raises `SubstitutionError` naming the op and kernel.
+- `debug`: synchronous, and every op's outputs (a kernel's, or PyTorch's when no kernel takes
+  the call) are checked against the op's own shape/dtype rule (run on meta tensors) and for
+  NaN/Inf that finite inputs did not have. A failed check, or a failure of a kernel or of this
+  package (build, compile, execute), raises `SubstitutionError` naming the op, the kernel and
+  the user's line; a call no kernel takes falls back as in strict mode (counted, with its
+  reason).
 - `fused`: see `fused.py`.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _stats as _report
-from ._bindings import TABLE, cpu_output_dtype
+from ._bindings import TABLE, cpu_output_dtype, op_key
 from ._native import native
 from ._output import as_tensor
 
@@ -101,11 +106,11 @@ class SubstituteMode(TorchDispatchMode):
         plan = self._plans.get(func, False)
         if plan is False:
             plan = TABLE.plan(func)
+        if self.debug:
+            return self._debug(func, plan, args, kwargs or {})
         if plan is None:
             return func(*args, **(kwargs or {}))
         kwargs = kwargs or {}
-        if self.debug:
-            return self._debug(func, plan, args, kwargs)
         try:
             bound = plan.bind(args, kwargs)
             if type(bound) is str:
@@ -113,7 +118,8 @@ class SubstituteMode(TorchDispatchMode):
                 return func(*args, **kwargs)
             tensors, statics = bound
             for t in tensors:
-                if not t.is_cpu:
+                # Kernels read host memory in place: CPU tensors and the tpu device's.
+                if not t.is_cpu and t.device.type != "tpu":
                     _report.record_fallback(
                         plan.key, "bad_input", f"`{plan.key}` falls back: a tensor is on device `{t.device}`"
                     )
@@ -159,47 +165,163 @@ class SubstituteMode(TorchDispatchMode):
         return func(*args, **kwargs)
 
     def _debug(self, func, plan, args, kwargs):
-        key = plan.key
-        bound = plan.bind(args, kwargs)
-        if type(bound) is str:
-            raise SubstitutionError(f"{key} (kernels {', '.join(plan.kernels)}): {bound}")
-        tensors, statics = bound
-        for i, t in enumerate(tensors):
-            if t.device.type != "cpu":
-                raise SubstitutionError(
-                    f"{key} (kernels {', '.join(plan.kernels)}): input {i} is on device `{t.device}`; "
-                    "kernels run on the PJRT CPU client and take CPU tensors"
-                )
-        r = self._call(key, tensors, statics, True)
-        if len(r) == 3:
-            kernel, category, message = r
-            raise SubstitutionError(f"{key} (kernel {kernel or ' / '.join(plan.kernels)}): {category}: {message}")
-        kernel = r[0]
-        if kernel in plan.refused:
-            raise SubstitutionError(f"{key} (kernel {kernel}): refused: {plan.refused[kernel]}")
-        outs = list(plan.mask_outputs(tuple(as_tensor(c) for c in r[1]), args, kwargs))
-        expected = _outputs_as_list(func(*_meta_like(args), **_meta_like(kwargs)))
+        """One op, checked: the kernel's outputs, or the op's own when no kernel takes the call
+        (counted with the reason, as in strict mode), against the op's meta function and for
+        NaN/Inf that finite inputs did not have. A failure of a kernel or of this package
+        raises, naming the op, the kernel and the user's line."""
+        key = op_key(func) if plan is None else plan.key
+        inputs_finite = _all_finite(args, kwargs)
+        expected = _meta_outputs(func, args, kwargs)
+        kernel = None
+        tensors: list = []
+        if plan is None:
+            out = func(*args, **kwargs)
+        else:
+            bound = plan.bind(args, kwargs)
+            if type(bound) is str:
+                _report.record_fallback(key, "bad_input", f"`{key}` falls back: {bound}")
+                out = func(*args, **kwargs)
+            else:
+                tensors, statics = bound
+                r = self._call(key, tensors, statics, True)
+                if len(r) == 3:
+                    who, category, message = r
+                    if category in _report.ERRORS:
+                        raise SubstitutionError(
+                            f"{key} (kernel {who or ' / '.join(plan.kernels)}): {category}: {message}{_at_user_line()}"
+                        )
+                    if category == "dlpack":  # never reached the dispatcher's counters
+                        _report.record_fallback(key, "bad_input", message)
+                    out = func(*args, **kwargs)
+                elif r[0] in plan.refused:
+                    _report.record_fallback(key, "schema_refused", plan.refused[r[0]])
+                    out = func(*args, **kwargs)
+                else:
+                    kernel = r[0]
+                    outs = plan.mask_outputs(tuple(as_tensor(c) for c in r[1]), args, kwargs)
+                    out = outs[0] if len(outs) == 1 else tuple(outs)
+        _check_outputs(key, kernel, out, expected, inputs_finite, tensors)
+        return out
+
+
+def _user_line() -> str | None:
+    """`file:line` of the innermost frame outside torch and tpu_kernels (the user's code)."""
+    import sys
+
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not any(part in name for part in _INTERNAL_PATHS):
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def _at_user_line() -> str:
+    line = _user_line()
+    return f" (at {line})" if line else ""
+
+
+def _internal_paths() -> tuple[str, ...]:
+    import os
+
+    import tpu_kernels
+
+    return (
+        os.path.dirname(torch.__file__) + os.sep,
+        os.path.dirname(tpu_kernels.__file__) + os.sep,
+        f"{os.sep}contextlib.py",
+        "<frozen ",
+    )
+
+
+_INTERNAL_PATHS = _internal_paths()
+
+
+def _finite_values(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        if not (x.is_floating_point() or x.is_complex()) or x.device.type not in ("cpu", "tpu"):
+            return True
+        return bool(torch.isfinite(x).all())
+    if isinstance(x, float):
+        return x == x and x not in (float("inf"), float("-inf"))
+    if isinstance(x, (list, tuple)):
+        return all(_finite_values(v) for v in x)
+    return True
+
+
+def _all_finite(args, kwargs) -> bool:
+    """Whether every floating tensor and float among the arguments is finite."""
+    return _finite_values(args) and _finite_values(list((kwargs or {}).values()))
+
+
+def _meta_outputs(func, args, kwargs):
+    """The op's outputs computed by its meta function (None when it has none)."""
+    try:
+        return _outputs_as_list(func(*_meta_like(args), **_meta_like(kwargs or {})))
+    except Exception:
+        return None
+
+
+# Ops whose outputs are uninitialised memory (which may hold anything, NaN included).
+_UNINITIALISED = ("aten::empty", "aten::new_empty", "aten::_empty", "aten::resize", "aten::set_")
+
+
+def _check_outputs(key: str, kernel: str | None, out, expected, inputs_finite: bool, tensors) -> None:
+    """Debug mode's check of one op's outputs (from `kernel`, or the op's own when None).
+
+    - Shapes and dtypes against the op's meta function. Not compared: a new op's outputs when
+      its kernel did not run (its meta function is the kernel's own output rule, which the call
+      it declined may not satisfy), and PyTorch's outputs that its CPU kernel or its meta
+      function leaves empty (unused auxiliaries, such as `_embedding_bag`'s `offset2bag` and
+      `max_indices`, on which the two disagree).
+    - NaN from finite inputs raises. Inf from finite inputs is often meant (T5 takes the log of
+      a zero distance): it is reported once per op and line as a `RuntimeWarning`.
+    """
+    who = f"{key} (kernel {kernel})" if kernel else f"{key} (no kernel: PyTorch's)"
+    if out is None or not isinstance(out, (torch.Tensor, tuple, list)):
+        return
+    outs = _outputs_as_list(out)
+    compare = expected is not None and (kernel is not None or key.startswith("aten::"))
+    if compare:
         if len(expected) != len(outs):
-            raise SubstitutionError(f"{key} (kernel {kernel}): {len(outs)} outputs, the op has {len(expected)}")
+            raise SubstitutionError(f"{who}: {len(outs)} outputs, the op gives {len(expected)}{_at_user_line()}")
         for i, (o, e) in enumerate(zip(outs, expected)):
-            if o is None or e is None:
+            if not isinstance(o, torch.Tensor) or not isinstance(e, torch.Tensor):
                 if (o is None) != (e is None):
-                    raise SubstitutionError(f"{key} (kernel {kernel}): output {i} is {o}, the op gives {e}")
+                    raise SubstitutionError(f"{who}: output {i} is {o}, the op gives {e}{_at_user_line()}")
                 continue
-            if o.shape != e.shape or not _dtype_agrees(key, i, o, e, tensors):
+            if kernel is None and (o.numel() == 0 or e.numel() == 0):
+                continue
+            same_dtype = _dtype_agrees(key, i, o, e, tensors) if kernel else o.dtype == e.dtype
+            if o.shape != e.shape or not same_dtype:
                 raise SubstitutionError(
-                    f"{key} (kernel {kernel}): output {i} is {o.dtype}{list(o.shape)}, the op gives {e.dtype}{list(e.shape)}"
+                    f"{who}: output {i} is {o.dtype}{list(o.shape)}, the op gives "
+                    f"{e.dtype}{list(e.shape)}{_at_user_line()}"
                 )
-        inputs_finite = all(not t.is_floating_point() or bool(torch.isfinite(t).all()) for t in tensors)
-        if inputs_finite:
-            for i, o in enumerate(outs):
-                if o is not None and o.is_floating_point() and not bool(torch.isfinite(o).all()):
-                    n_nan = int(torch.isnan(o).sum())
-                    n_inf = int(torch.isinf(o).sum())
+    if inputs_finite and not key.startswith(_UNINITIALISED):
+        for i, o in enumerate(outs):
+            if isinstance(o, torch.Tensor) and not _finite_values(o):
+                n_nan = int(torch.isnan(o).sum())
+                n_inf = int(torch.isinf(o).sum())
+                if n_nan:
                     raise SubstitutionError(
-                        f"{key} (kernel {kernel}): output {i} has {n_nan} NaN and {n_inf} Inf values from finite inputs"
+                        f"{who}: output {i} has {n_nan} NaN and {n_inf} Inf values from finite inputs{_at_user_line()}"
                     )
-        return outs[0] if len(outs) == 1 else tuple(outs)
+                line = _user_line()
+                if (key, line) not in _WARNED_INF:
+                    _WARNED_INF.add((key, line))
+                    warnings.warn(
+                        f"{who}: output {i} has {n_inf} Inf values from finite inputs"
+                        + (f" (at {line})" if line else "")
+                        + "; debug mode reports this once per op and line",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+
+
+# (op, user line) pairs whose Inf from finite inputs was reported.
+_WARNED_INF: set = set()
 
 
 def substitute(mode: str = "strict"):
