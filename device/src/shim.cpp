@@ -267,6 +267,195 @@ at::Tensor& tpu_set_empty(at::Tensor& self) {
   return at::native::set_storage_cpu_(self, std::move(empty), 0, {0}, {});
 }
 
+// `ns::op.overload` (`.default` for the default overload), as report() keys ops.
+std::string op_key(const c10::OperatorHandle& op) {
+  const auto& name = op.operator_name();
+  return name.name + "." + (name.overload_name.empty() ? "default" : name.overload_name);
+}
+
+// ----- arguments as the Rust side reads them -----
+
+// Storage for the list arguments `marshal` hands over (alive for the call).
+struct Scratch {
+  std::vector<std::vector<int64_t>> ints;
+  std::vector<std::vector<uint8_t>> bools;
+};
+
+TpukArg tensor_arg(const at::Tensor& t) {
+  TpukArg a;
+  std::memset(&a, 0, sizeof a);
+  if (!t.defined()) return a;
+  a.kind = TPUK_TENSOR;
+  a.dtype = static_cast<int32_t>(t.scalar_type());
+  a.device = t.device().type() == c10::DeviceType::PrivateUse1 ? TPUK_ON_TPU
+             : t.device().is_cpu()                             ? TPUK_ON_CPU
+                                                               : TPUK_ON_OTHER;
+  a.len = static_cast<int32_t>(t.dim());
+  a.data = (t.numel() == 0 || a.device == TPUK_ON_OTHER) ? nullptr : t.const_data_ptr();
+  a.sizes = t.sizes().data();
+  a.strides = t.strides().data();
+  return a;
+}
+
+// The `nargs` arguments from `first` on, one `TpukArg` each.
+std::vector<TpukArg> marshal(const torch::jit::Stack& stack, size_t first, size_t nargs,
+                             Scratch& scratch) {
+  std::vector<TpukArg> args(nargs);
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = stack[first + i];
+    TpukArg& a = args[i];
+    std::memset(&a, 0, sizeof a);
+    if (v.isTensor()) {
+      a = tensor_arg(v.toTensor());
+    } else if (v.isNone()) {
+      a.kind = TPUK_NONE;
+    } else if (v.isBool()) {
+      a.kind = TPUK_BOOL;
+      a.i = v.toBool();
+    } else if (v.isInt()) {
+      a.kind = TPUK_INT;
+      a.i = v.toInt();
+    } else if (v.isDouble()) {
+      a.kind = TPUK_DOUBLE;
+      a.d = v.toDouble();
+    } else if (v.isString()) {
+      a.kind = TPUK_STRING;
+      a.data = v.toStringRef().data();
+      a.i = static_cast<int64_t>(v.toStringRef().size());
+    } else if (v.isIntList()) {
+      scratch.ints.push_back(v.toIntVector());
+      a.kind = TPUK_INT_LIST;
+      a.data = scratch.ints.back().data();
+      a.len = static_cast<int32_t>(scratch.ints.back().size());
+    } else if (v.isBoolList()) {
+      std::vector<uint8_t> b;
+      for (bool x : v.toBoolList()) b.push_back(x ? 1 : 0);
+      scratch.bools.push_back(std::move(b));
+      a.kind = TPUK_BOOL_LIST;
+      a.data = scratch.bools.back().data();
+      a.len = static_cast<int32_t>(scratch.bools.back().size());
+    } else {
+      a.kind = TPUK_OTHER;
+    }
+  }
+  return args;
+}
+
+// Every tensor in `v` (a tensor, a tensor list, an optional tensor list; TPUK_NONE for an
+// undefined one), and a float as TPUK_DOUBLE, appended to `out`; `keep` holds the tensors.
+void flatten(const c10::IValue& v, std::vector<TpukArg>& out, std::vector<at::Tensor>& keep) {
+  auto add = [&](const at::Tensor& t) {
+    keep.push_back(t);
+    out.push_back(tensor_arg(t));
+  };
+  if (v.isTensor()) {
+    add(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) add(t);
+  } else if (v.isOptionalTensorList()) {
+    for (const auto& t : v.toOptionalTensorList().vec()) add(t.has_value() ? *t : at::Tensor());
+  } else if (v.isDouble()) {
+    TpukArg a;
+    std::memset(&a, 0, sizeof a);
+    a.kind = TPUK_DOUBLE;
+    a.d = v.toDouble();
+    out.push_back(a);
+  }
+}
+
+// ----- debug mode -----
+
+struct DebugState {
+  bool on = false;
+  bool inputs_finite = true;
+  bool has_expected = false;
+  // The meta function's outputs, flattened.
+  std::vector<at::Tensor> expected;
+};
+
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+}
+
+// Before the op runs: whether its inputs are finite (in-place ops overwrite them), and its
+// outputs by its meta function (none when it has no meta kernel).
+DebugState debug_before(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                        size_t first, size_t nargs) {
+  DebugState state;
+  state.on = true;
+  std::vector<TpukArg> flat;
+  std::vector<at::Tensor> keep;
+  const auto& schema_args = op.schema().arguments();
+  for (size_t i = 0; i < nargs; ++i) {
+    // An out= argument is no input: its memory is whatever the allocator handed out.
+    if (i < schema_args.size() && schema_args[i].is_out()) continue;
+    flatten(stack[first + i], flat, keep);
+  }
+  state.inputs_finite = g_api->finite(flat.data(), flat.size()) != 0;
+  try {
+    torch::jit::Stack meta;
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::IValue& v = stack[first + i];
+      if (v.isTensor()) {
+        meta.push_back(to_meta(v.toTensor()));
+      } else if (v.isTensorList()) {
+        c10::List<at::Tensor> list;
+        for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(to_meta(t));
+        meta.push_back(list);
+      } else if (v.isOptionalTensorList()) {
+        c10::List<std::optional<at::Tensor>> list;
+        for (const auto& t : v.toOptionalTensorList().vec()) {
+          list.push_back(t.has_value() ? std::optional<at::Tensor>(to_meta(*t)) : std::nullopt);
+        }
+        meta.push_back(list);
+      } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        meta.push_back(c10::Device(c10::kMeta));
+      } else {
+        meta.push_back(v);
+      }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    for (const c10::IValue& r : meta) {
+      if (r.isTensor()) {
+        state.expected.push_back(r.toTensor());
+      } else if (r.isTensorList()) {
+        for (const at::Tensor& t : r.toTensorList().vec()) state.expected.push_back(t);
+      } else if (r.isNone()) {
+        state.expected.push_back(at::Tensor());
+      }
+    }
+    state.has_expected = true;
+  } catch (const std::exception&) {
+    // No meta function for this op (or it rejects what the CPU kernel takes): no shape check.
+    state.has_expected = false;
+  }
+  return state;
+}
+
+// After the op ran: its outputs (the last `nret` stack entries) checked by the Rust side.
+void debug_after(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t nret,
+                 const DebugState& state, bool kernel) {
+  std::vector<TpukArg> outs;
+  std::vector<at::Tensor> keep;
+  for (size_t i = stack.size() - nret; i < stack.size(); ++i) {
+    const c10::IValue& r = stack[i];
+    if (r.isNone()) {
+      keep.emplace_back();
+      outs.push_back(tensor_arg(at::Tensor()));
+    } else {
+      flatten(r, outs, keep);
+    }
+  }
+  std::vector<TpukArg> expected;
+  for (const at::Tensor& t : state.expected) expected.push_back(tensor_arg(t));
+  std::string full = op_key(op);
+  int32_t r = g_api->check(full.data(), full.size(), kernel ? 1 : 0, state.inputs_finite ? 1 : 0,
+                           outs.data(), outs.size(), expected.data(),
+                           state.has_expected ? static_cast<ptrdiff_t>(expected.size()) : -1);
+  TORCH_CHECK(r == TPUK_RAN, last_message());
+}
+
 // ----- the fallback -----
 
 // Ops whose CPU index tensors may meet tpu tensors (as CUDA allows CPU indices).
@@ -403,14 +592,16 @@ void alias_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                       torch::jit::Stack* stack) {
   check_installed();
-  const auto& name = op.operator_name();
-  std::string full = name.name;
-  if (!name.overload_name.empty()) {
-    full += ".";
-    full += name.overload_name;
-  }
+  std::string full = op_key(op);
   g_api->fell_back(reinterpret_cast<uintptr_t>(&op.schema()), full.data(), full.size());
+  if (g_api->mode() != TPUK_MODE_DEBUG) {
+    alias_fallback(op, stack);
+    return;
+  }
+  const size_t nargs = op.schema().arguments().size();
+  DebugState debug = debug_before(op, *stack, stack->size() - nargs, nargs);
   alias_fallback(op, stack);
+  debug_after(op, *stack, op.schema().returns().size(), debug, false);
 }
 
 // ----- kernels at the key -----
@@ -440,56 +631,10 @@ struct KernelAtKey final : c10::OperatorKernel {
     const size_t nret = schema.returns().size();
     const size_t first = stack->size() - nargs;
     check_devices(op, *stack, first);
-    std::vector<TpukArg> args(nargs);
-    std::vector<std::vector<int64_t>> ints;
-    std::vector<std::vector<uint8_t>> bools;
-    for (size_t i = 0; i < nargs; ++i) {
-      const c10::IValue& v = (*stack)[first + i];
-      TpukArg& a = args[i];
-      std::memset(&a, 0, sizeof a);
-      if (v.isTensor()) {
-        const at::Tensor& t = v.toTensor();
-        if (!t.defined()) continue;
-        a.kind = TPUK_TENSOR;
-        a.dtype = static_cast<int32_t>(t.scalar_type());
-        a.device = t.device().type() == c10::DeviceType::PrivateUse1 ? TPUK_ON_TPU
-                   : t.device().is_cpu()                             ? TPUK_ON_CPU
-                                                                     : TPUK_ON_OTHER;
-        a.len = static_cast<int32_t>(t.dim());
-        a.data = t.numel() == 0 ? nullptr : t.const_data_ptr();
-        a.sizes = t.sizes().data();
-        a.strides = t.strides().data();
-      } else if (v.isNone()) {
-        a.kind = TPUK_NONE;
-      } else if (v.isBool()) {
-        a.kind = TPUK_BOOL;
-        a.i = v.toBool();
-      } else if (v.isInt()) {
-        a.kind = TPUK_INT;
-        a.i = v.toInt();
-      } else if (v.isDouble()) {
-        a.kind = TPUK_DOUBLE;
-        a.d = v.toDouble();
-      } else if (v.isString()) {
-        a.kind = TPUK_STRING;
-        a.data = v.toStringRef().data();
-        a.i = static_cast<int64_t>(v.toStringRef().size());
-      } else if (v.isIntList()) {
-        ints.push_back(v.toIntVector());
-        a.kind = TPUK_INT_LIST;
-        a.data = ints.back().data();
-        a.len = static_cast<int32_t>(ints.back().size());
-      } else if (v.isBoolList()) {
-        std::vector<uint8_t> b;
-        for (bool x : v.toBoolList()) b.push_back(x ? 1 : 0);
-        bools.push_back(std::move(b));
-        a.kind = TPUK_BOOL_LIST;
-        a.data = bools.back().data();
-        a.len = static_cast<int32_t>(bools.back().size());
-      } else {
-        a.kind = TPUK_OTHER;
-      }
-    }
+    Scratch scratch;
+    std::vector<TpukArg> args = marshal(*stack, first, nargs, scratch);
+    DebugState debug;
+    if (g_api->mode() == TPUK_MODE_DEBUG) debug = debug_before(op, *stack, first, nargs);
     std::vector<TpukOut> outs(nret);
     int32_t r = g_api->call(id_, args.data(), nargs, outs.data(), nret);
     if (r == TPUK_ERROR) {
@@ -497,6 +642,7 @@ struct KernelAtKey final : c10::OperatorKernel {
     }
     if (r == TPUK_DECLINED) {
       alias_fallback(op, stack);
+      if (debug.on) debug_after(op, *stack, nret, debug, false);
       return;
     }
     // Wrap every output before touching the stack, so that nothing leaks if one throws.
@@ -505,6 +651,7 @@ struct KernelAtKey final : c10::OperatorKernel {
     for (const TpukOut& o : outs) results.push_back(wrap_output(o));
     torch::jit::drop(*stack, nargs);
     for (at::Tensor& t : results) torch::jit::push(*stack, std::move(t));
+    if (debug.on) debug_after(op, *stack, nret, debug, true);
   }
 
  private:

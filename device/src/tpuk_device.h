@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TPUK_DEVICE_ABI 1
+#define TPUK_DEVICE_ABI 2
 #define TPUK_MAX_RANK 16
 
 // What one argument of an op call is (`TpukArg::kind`).
@@ -28,6 +28,9 @@ enum {
 
 // Where a tensor argument lives (`TpukArg::device`).
 enum { TPUK_ON_CPU = 0, TPUK_ON_TPU = 1, TPUK_ON_OTHER = 2 };
+
+// The device's eager mode (`mode`).
+enum { TPUK_MODE_STRICT = 0, TPUK_MODE_DEBUG = 1, TPUK_MODE_FUSED = 2 };
 
 // What `call` answers.
 enum {
@@ -83,8 +86,19 @@ typedef struct {
   int32_t (*call)(uint32_t op, const TpukArg* args, size_t nargs, TpukOut* outs, size_t nouts);
   void (*release)(void* handle);
   // Counts a call that ran in the CPU fallback: `key` identifies the operator for the process's
-  // life (its handle's address); `name` is `ns::op.overload`, read only the first time.
+  // life (its handle's address); `name` is `ns::op.overload` (`.default` for the default
+  // overload), read only the first time.
   void (*fell_back)(uintptr_t key, const char* name, size_t len);
+  // The device's eager mode (TPUK_MODE_*).
+  int32_t (*mode)(void);
+  // Debug mode, before an op: 1 when every floating tensor and float among `args` is finite.
+  int32_t (*finite)(const TpukArg* args, size_t nargs);
+  // Debug mode, after an op: checks its outputs (`outs`, flattened; TPUK_NONE for an undefined
+  // tensor) against those of its meta function (`expected`, dtype and sizes; `nexpected < 0`
+  // when it has none) and for NaN from finite inputs. `kernel` is 1 when a kernel computed
+  // them, 0 for the fallback. TPUK_RAN when they pass, else TPUK_ERROR with the message.
+  int32_t (*check)(const char* name, size_t len, int32_t kernel, int32_t inputs_finite,
+                   const TpukArg* outs, size_t nouts, const TpukArg* expected, ptrdiff_t nexpected);
   // Copies the calling thread's last error message into `buf` (at most `cap` bytes, no NUL) and
   // returns its full length.
   size_t (*message)(char* buf, size_t cap);

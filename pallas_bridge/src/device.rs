@@ -33,7 +33,7 @@ use crate::torch_bridge::{runtime, runtime_if_ready};
 
 // ----- the C ABI (mirrors device/src/tpuk_device.h) -----
 
-const ABI: u32 = 1;
+const ABI: u32 = 2;
 const MAX_RANK: usize = 16;
 
 const KIND_NONE: i32 = 0;
@@ -45,6 +45,7 @@ const KIND_BOOL_LIST: i32 = 6;
 const KIND_STRING: i32 = 7;
 
 const ON_TPU: i32 = 1;
+const ON_OTHER: i32 = 2;
 
 const RAN: i32 = 0;
 const DECLINED: i32 = 1;
@@ -89,6 +90,18 @@ pub struct TpukDeviceApi {
     call: extern "C" fn(u32, *const TpukArg, usize, *mut TpukOut, usize) -> i32,
     release: extern "C" fn(*mut c_void),
     fell_back: extern "C" fn(usize, *const c_char, usize),
+    mode: extern "C" fn() -> i32,
+    finite: extern "C" fn(*const TpukArg, usize) -> i32,
+    check: extern "C" fn(
+        *const c_char,
+        usize,
+        i32,
+        i32,
+        *const TpukArg,
+        usize,
+        *const TpukArg,
+        isize,
+    ) -> i32,
     message: extern "C" fn(*mut c_char, usize) -> usize,
 }
 
@@ -100,6 +113,9 @@ static API: TpukDeviceApi = TpukDeviceApi {
     call: api_call,
     release: api_release,
     fell_back: api_fell_back,
+    mode: api_mode,
+    finite: api_finite,
+    check: api_check,
     message: api_message,
 };
 
@@ -452,7 +468,9 @@ fn call(op: u32, args: &[TpukArg], outs: &mut [TpukOut]) -> i32 {
         .collect();
     let buffers = match rt.dispatcher.call(bound.key, &host, &bound.statics) {
         Ok(b) => b,
-        Err(DispatchError::Fallback(f)) if f.reason.is_error() && crate::errors::raise_errors() => {
+        Err(DispatchError::Fallback(f))
+            if f.reason.is_error() && (crate::errors::raise_errors() || mode() == MODE_DEBUG) =>
+        {
             set_message(f.to_string());
             return ERROR;
         }
@@ -463,6 +481,25 @@ fn call(op: u32, args: &[TpukArg], outs: &mut [TpukOut]) -> i32 {
         // Counted by the dispatcher.
         Err(_) => return DECLINED,
     };
+    if mode() == MODE_DEBUG {
+        let sig = tpu_kernels::registration::KernelSignature {
+            inputs: inputs.iter().map(|t| t.ty.clone()).collect(),
+            statics: bound.statics.clone(),
+        };
+        let contiguous = vec![true; inputs.len()];
+        let meta = tpu_kernels_registry::CallMeta {
+            sig: &sig,
+            contiguous: &contiguous,
+            platform: rt.dispatcher.platform(),
+        };
+        let kernel = rt
+            .dispatcher
+            .registry()
+            .select(&tpu_kernels_registry::normalize_op(key), &meta)
+            .ok()
+            .map(|k| k.name().to_owned());
+        LAST_KERNEL.with(|c| *c.borrow_mut() = kernel);
+    }
     if buffers.len() != outs.len() {
         set_message(format!(
             "`{key}`: the kernel returned {} outputs where the op has {}",
@@ -610,6 +647,224 @@ fn decline(key: &str, category: &'static str, message: String) -> i32 {
     DECLINED
 }
 
+// ----- modes -----
+
+const MODE_STRICT: i32 = 0;
+const MODE_DEBUG: i32 = 1;
+const MODE_FUSED: i32 = 2;
+
+static MODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(MODE_STRICT);
+
+fn mode() -> i32 {
+    MODE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+extern "C" fn api_mode() -> i32 {
+    mode()
+}
+
+thread_local! {
+    /// The kernel the calling thread's last call ran (debug mode names it).
+    static LAST_KERNEL: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// (NaN, Inf) counts of a floating tensor argument's elements (zero for anything else).
+fn non_finite(a: &TpukArg) -> (u64, u64) {
+    if a.kind != KIND_TENSOR || a.data.is_null() || a.device == ON_OTHER {
+        return (0, 0);
+    }
+    let Some(dtype) = dtype_of_code(a.dtype) else { return (0, 0) };
+    // (element bytes, exponent mask, mantissa mask), little-endian bit patterns.
+    let (esize, exp, man): (usize, u64, u64) = match dtype {
+        DType::F32 => (4, 0x7F80_0000, 0x007F_FFFF),
+        DType::F64 => (8, 0x7FF0_0000_0000_0000, 0x000F_FFFF_FFFF_FFFF),
+        DType::F16 => (2, 0x7C00, 0x03FF),
+        DType::BF16 => (2, 0x7F80, 0x007F),
+        _ => return (0, 0),
+    };
+    let rank = a.len as usize;
+    // SAFETY: the shim passes the tensor's sizes and strides arrays of `len` entries.
+    let (sizes, strides) = unsafe {
+        if rank == 0 {
+            (&[][..], &[][..])
+        } else {
+            (std::slice::from_raw_parts(a.sizes, rank), std::slice::from_raw_parts(a.strides, rank))
+        }
+    };
+    // SAFETY: sizes and strides describe elements inside the tensor's storage, alive for the
+    // call (PyTorch's invariant; the shim holds the tensor).
+    let bytes = unsafe { crate::tensor::gather(a.data.cast::<u8>(), sizes, strides, esize) };
+    let (mut nan, mut inf) = (0u64, 0u64);
+    for chunk in bytes.chunks_exact(esize) {
+        let mut raw = [0u8; 8];
+        raw[..esize].copy_from_slice(chunk);
+        let bits = u64::from_le_bytes(raw);
+        if bits & exp == exp {
+            if bits & man == 0 {
+                inf += 1;
+            } else {
+                nan += 1;
+            }
+        }
+    }
+    (nan, inf)
+}
+
+fn args_of<'a>(ptr: *const TpukArg, n: usize) -> &'a [TpukArg] {
+    if n == 0 || ptr.is_null() {
+        &[]
+    } else {
+        // SAFETY: the shim passes `n` initialised arguments alive for the call.
+        unsafe { std::slice::from_raw_parts(ptr, n) }
+    }
+}
+
+extern "C" fn api_finite(args: *const TpukArg, n: usize) -> i32 {
+    let args = args_of(args, n);
+    let finite = catch_unwind(AssertUnwindSafe(|| {
+        args.iter().all(|a| match a.kind {
+            KIND_DOUBLE => a.d.is_finite(),
+            _ => non_finite(a) == (0, 0),
+        })
+    }));
+    i32::from(finite.unwrap_or(true))
+}
+
+fn dims_of(a: &TpukArg) -> &[i64] {
+    if a.kind != KIND_TENSOR || a.len == 0 || a.sizes.is_null() {
+        return &[];
+    }
+    // SAFETY: the shim passes the tensor's `len` sizes, alive for the call.
+    unsafe { std::slice::from_raw_parts(a.sizes, a.len as usize) }
+}
+
+fn describe(a: &TpukArg) -> String {
+    if a.kind != KIND_TENSOR {
+        return "None".to_owned();
+    }
+    let dtype = dtype_name_of_code(i64::from(a.dtype)).unwrap_or("?");
+    format!("{dtype}{:?}", dims_of(a))
+}
+
+/// Ops whose outputs are uninitialised memory (never checked for NaN).
+const UNINITIALISED: [&str; 5] =
+    ["aten::empty", "aten::new_empty", "aten::_empty", "aten::resize", "aten::set_"];
+
+/// `(op, output)` pairs whose dtype on PyTorch's CPU kernel (which kernels follow) is the
+/// inputs' 16-bit type where the meta function says f32 (`_bindings.CPU_KEEPS_INPUT_DTYPE`).
+static CPU_KEEPS_INPUT_DTYPE: RwLock<Vec<(String, usize)>> = RwLock::new(Vec::new());
+
+fn check(
+    name: &str,
+    kernel: bool,
+    inputs_finite: bool,
+    outs: &[TpukArg],
+    expected: Option<&[TpukArg]>,
+) -> Result<(), String> {
+    let who = if kernel {
+        let k = LAST_KERNEL.with(|c| c.borrow().clone()).unwrap_or_else(|| "?".to_owned());
+        format!("{name} (kernel {k})")
+    } else {
+        format!("{name} (no kernel: PyTorch's CPU kernel on the device)")
+    };
+    let compare = kernel || name.starts_with("aten::");
+    if let Some(expected) = expected.filter(|_| compare) {
+        if expected.len() != outs.len() {
+            return Err(format!("{who}: {} outputs, the op gives {}", outs.len(), expected.len()));
+        }
+        for (i, (o, e)) in outs.iter().zip(expected).enumerate() {
+            if (o.kind == KIND_TENSOR) != (e.kind == KIND_TENSOR) {
+                return Err(format!(
+                    "{who}: output {i} is {}, the op gives {}",
+                    describe(o),
+                    describe(e)
+                ));
+            }
+            if o.kind != KIND_TENSOR {
+                continue;
+            }
+            let (od, ed) = (dims_of(o), dims_of(e));
+            let empty = |d: &[i64]| d.contains(&0);
+            if !kernel && (empty(od) || empty(ed)) {
+                continue;
+            }
+            let quirk = kernel
+                && o.dtype != e.dtype
+                && matches!(o.dtype, 5 | 15)
+                && CPU_KEEPS_INPUT_DTYPE
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .iter()
+                    .any(|(k, j)| k == name && *j == i);
+            if od != ed || (o.dtype != e.dtype && !quirk) {
+                return Err(format!(
+                    "{who}: output {i} is {}, the op gives {}",
+                    describe(o),
+                    describe(e)
+                ));
+            }
+        }
+    }
+    if inputs_finite && !UNINITIALISED.iter().any(|p| name.starts_with(p)) {
+        for (i, o) in outs.iter().enumerate() {
+            let (nan, inf) = non_finite(o);
+            if nan > 0 {
+                return Err(format!(
+                    "{who}: output {i} has {nan} NaN and {inf} Inf values from finite inputs"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `file:line` of the innermost Python frame outside torch and tpu_kernels, when there is one.
+fn user_line() -> Option<String> {
+    Python::try_attach(|py| {
+        let modes = py.import("tpu_kernels.torch.modes").ok()?;
+        let line = modes.getattr("_user_line").ok()?.call0().ok()?;
+        line.extract::<String>().ok()
+    })
+    .flatten()
+}
+
+#[allow(clippy::too_many_arguments)]
+extern "C" fn api_check(
+    name: *const c_char,
+    len: usize,
+    kernel: i32,
+    inputs_finite: i32,
+    outs: *const TpukArg,
+    nouts: usize,
+    expected: *const TpukArg,
+    nexpected: isize,
+) -> i32 {
+    let name = if name.is_null() || len == 0 {
+        String::from("?")
+    } else {
+        // SAFETY: the shim passes the op's name, `len` bytes alive for the call.
+        String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(name.cast::<u8>(), len) })
+            .into_owned()
+    };
+    let outs = args_of(outs, nouts);
+    let expected = usize::try_from(nexpected).ok().map(|n| args_of(expected, n));
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        check(&name, kernel != 0, inputs_finite != 0, outs, expected)
+    }));
+    match result {
+        Ok(Ok(())) => RAN,
+        Ok(Err(m)) => {
+            let at = user_line().map(|l| format!(" (at {l})")).unwrap_or_default();
+            set_message(format!("tpu debug mode: {m}{at}"));
+            ERROR
+        }
+        Err(_) => {
+            set_message(format!("internal error: the tpu debug check of {name} panicked"));
+            ERROR
+        }
+    }
+}
+
 // ----- Python API -----
 
 static INSTALLED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -684,6 +939,29 @@ pub(crate) fn device_plan(key: &str, plan: &Bound<'_, PyAny>) -> PyResult<u32> {
     plans.plans.push(plan);
     plans.by_key.insert(key.to_owned(), id);
     Ok(id)
+}
+
+/// Sets the device's eager mode: "strict", "debug" or "fused".
+#[pyfunction]
+pub(crate) fn device_set_mode(mode: &str) -> PyResult<()> {
+    let m = match mode {
+        "strict" => MODE_STRICT,
+        "debug" => MODE_DEBUG,
+        "fused" => MODE_FUSED,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "mode must be 'strict', 'debug' or 'fused', not {other:?}"
+            )));
+        }
+    };
+    MODE.store(m, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// The outputs whose CPU dtype keeps the inputs' 16-bit type (see `CPU_KEEPS_INPUT_DTYPE`).
+#[pyfunction]
+pub(crate) fn device_cpu_keeps_input_dtype(pairs: Vec<(String, usize)>) {
+    *CPU_KEEPS_INPUT_DTYPE.write().unwrap_or_else(PoisonError::into_inner) = pairs;
 }
 
 /// Asks libtpu for a TPU client and says what it answered: why no TPU can back the device here.
@@ -768,6 +1046,8 @@ pub(crate) fn register(m: &pyo3::Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_stats, m)?)?;
     m.add_function(wrap_pyfunction!(device_tpu_probe, m)?)?;
+    m.add_function(wrap_pyfunction!(device_set_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(device_cpu_keeps_input_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(device_empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(device_reset_peaks, m)?)?;
     Ok(())

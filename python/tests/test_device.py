@@ -104,9 +104,9 @@ def test_views_and_in_place_ops_share_memory_as_on_cpu():
     assert torch.equal(x.cpu(), expected)
     # `unfold` is a view op with no composite kernel: it goes through the fallback, whose
     # result must still be a view of the device tensor.
-    n = _fell_back("aten::unfold")
+    n = _fell_back("aten::unfold.default")
     u = x.reshape(12).unfold(0, 4, 4)
-    assert _fell_back("aten::unfold") == n + 1
+    assert _fell_back("aten::unfold.default") == n + 1
     assert u.data_ptr() == x.data_ptr()
     u.mul_(0)
     assert torch.equal(x.cpu(), torch.zeros(3, 4))
@@ -118,11 +118,11 @@ def test_views_and_in_place_ops_share_memory_as_on_cpu():
 
 def test_a_bound_op_runs_its_kernel_at_the_key():
     x = torch.randn(64, 128)
-    before = _fell_back("aten::gelu")
+    before = _fell_back("aten::gelu.default")
     with no_fallbacks(kernels=["gelu"]) as ran:
         y = torch.nn.functional.gelu(x.to("tpu"))
     assert ran.kernels["gelu"] == 1
-    assert _fell_back("aten::gelu") == before
+    assert _fell_back("aten::gelu.default") == before
     assert y.device.type == "tpu" and y.data_ptr() % 64 == 0
     torch.testing.assert_close(y.cpu(), torch.nn.functional.gelu(x))
 
@@ -340,3 +340,77 @@ def test_substitute_modes_run_on_device_tensors(mode):
         y = _chain(xt)
     assert y.device.type == "tpu"
     torch.testing.assert_close(y.cpu(), ref)
+
+
+@pytest.fixture
+def device_mode():
+    """Restores the device's mode after the test."""
+    yield device.set_mode
+    device.set_mode("strict")
+
+
+def test_debug_mode_checks_every_op_on_the_device(device_mode):
+    from tpu_kernels.testing import error_policy, inject_fault
+
+    x = torch.tensor([1.0, -1.0, 4.0], device="tpu")
+    assert torch.log(x).isnan().sum().item() == 1  # strict: PyTorch's answer, unchecked
+    device_mode("debug")
+    assert device.get_mode() == "debug"
+    with pytest.raises(RuntimeError) as e:
+        torch.log(x)
+    message = str(e.value)
+    assert "tpu debug mode: aten::log.out (no kernel: PyTorch's CPU kernel on the device): output 0 has 1 NaN" in message
+    assert f"test_device.py:{e.traceback[0].lineno + 1}" in message, message
+    # Inf from finite inputs (log(0)) is meant as often as not: no error.
+    assert torch.log(torch.zeros(2, device="tpu")).isinf().all()
+    # Kernels run and are checked; a model trains as in strict mode.
+    cpu, tpu = _mlp(), _mlp().to("tpu")
+    xin = torch.randn(8, 16)
+    cpu(xin).pow(2).mean().backward()
+    with no_fallbacks(kernels=["gelu", "layer_norm", "layer_norm_backward"]):
+        tpu(xin.to("tpu")).pow(2).mean().backward()
+    for p, q in zip(tpu.parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.grad.cpu(), q.grad)
+    # A kernel's NaN is caught and names the kernel.
+    with inject_fault("nan:gelu"), pytest.raises(RuntimeError, match=r"aten::gelu.default \(kernel gelu\): output 0 has 32 NaN"):
+        torch.nn.functional.gelu(torch.randn(4, 8, device="tpu"))
+    # A kernel's failure raises in debug mode (it falls back under the "fallback" policy in
+    # strict mode), naming the kernel.
+    with error_policy("fallback"), inject_fault("run:gelu"):
+        with pytest.raises(RuntimeError, match=r"`aten::gelu.default` falls back from kernel `gelu`: execute failed"):
+            torch.nn.functional.gelu(torch.randn(4, 8, device="tpu"))
+        device_mode("strict")
+        y = torch.nn.functional.gelu(torch.randn(4, 8, device="tpu"))
+        assert y.shape == (4, 8)
+
+
+def test_fused_mode_on_the_device(device_mode):
+    x = torch.randn(64, 64)
+    ref = _chain(x)
+    xt = x.to("tpu")
+    with no_fallbacks(programs=1, kernels=["silu", "gelu", "softmax"]):
+        device_mode("fused")
+        y = _chain(xt)
+        torch.tpu.synchronize()
+    device_mode("strict")
+    assert y.device.type == "tpu"
+    torch.testing.assert_close(y.cpu(), ref)
+    with pytest.raises(ValueError, match="mode must be one of 'strict', 'debug', 'fused', not 'fast'"):
+        device.set_mode("fast")
+
+
+def test_the_mode_comes_from_the_environment():
+    r = _run(
+        """
+        import torch
+        import tpu_kernels.device as d
+        assert d.get_mode() == "debug", d.get_mode()
+        try:
+            torch.sqrt(torch.tensor([-1.0], device="tpu"))
+        except RuntimeError as e:
+            print("caught:", str(e).splitlines()[0])
+        """,
+        env={"TPUK_MODE": "debug"},
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "caught: tpu debug mode: aten::sqrt.out" in r.stdout

@@ -82,6 +82,46 @@ def _tpu_probe() -> str:
     return _native.device_tpu_probe()
 
 
+# ----- modes -----
+
+MODES = ("strict", "debug", "fused")
+
+
+def set_mode(mode: str) -> None:
+    """Sets the device's eager mode (``TPUK_MODE`` sets it at import):
+
+    - ``"strict"`` (the default): one op at a time; a call no kernel takes falls back, counted
+      with its reason.
+    - ``"debug"``: synchronous; after every op on the device, a kernel's or the fallback's, its
+      outputs are checked against the op's meta function (shapes, dtypes) and for NaN that
+      finite inputs did not have, and a kernel's failure raises; the error names the op, the
+      kernel and the user's line.
+    - ``"fused"``: today's fused mode (``tpu_kernels.substitute("fused")``) entered on the
+      calling thread: ops are recorded and run as one program at each materialisation point.
+
+    ``with tpu_kernels.substitute(mode):`` keeps working, on CPU and device tensors alike."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
+    with _lock:
+        fused = _state.get("fused_mode")
+        if fused is not None and mode != "fused":
+            _state["fused_mode"] = None
+            fused.__exit__(None, None, None)
+        if mode == "fused" and fused is None:
+            from .torch import substitute
+
+            fm = substitute("fused")
+            fm.__enter__()
+            _state["fused_mode"] = fm
+        _native.device_set_mode(mode)
+        _state["mode"] = mode
+
+
+def get_mode() -> str:
+    """The device's eager mode (see :func:`set_mode`)."""
+    return _state.get("mode", "strict")
+
+
 # ----- the device module (`torch.tpu`) -----
 
 
@@ -103,7 +143,11 @@ def _make_module() -> types.ModuleType:
             raise RuntimeError(f"tpu:{index} does not exist: this process has one tpu device, tpu:0")
 
     def synchronize(device=None) -> None:
-        """Every op on the device has finished when it returns; nothing to wait for."""
+        """Every op on the device has finished when it returns; in fused mode, runs what was
+        recorded."""
+        fused = _state.get("fused_mode")
+        if fused is not None and fused.nodes:
+            fused.flush("torch.tpu.synchronize")
 
     def get_device_name(device=None) -> str:
         return f"tpu-kernels device on PJRT {platform()}"
@@ -363,11 +407,17 @@ def _install() -> None:
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
         _route_inductor()
+        from .torch._bindings import CPU_KEEPS_INPUT_DTYPE
+
+        _native.device_cpu_keeps_input_dtype(sorted(CPU_KEEPS_INPUT_DTYPE))
         _state["installed"] = True
         _state["reason"] = None
         sync()
         _events.on_registry_change(sync)
         _announce()
+        env_mode = os.environ.get("TPUK_MODE")
+        if env_mode:
+            set_mode(env_mode)
 
 
 _install()
