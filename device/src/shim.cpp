@@ -604,6 +604,57 @@ void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   debug_after(op, *stack, op.schema().returns().size(), debug, false);
 }
 
+// ----- ops PyTorch routes to a backend's own kernels -----
+
+void count_fallback(const char* name) {
+  // The name's address identifies the op for the process's life.
+  g_api->fell_back(reinterpret_cast<uintptr_t>(name), name, std::strlen(name));
+}
+
+std::optional<at::Tensor> cpu_alias_opt(const std::optional<at::Tensor>& t) {
+  if (!t.has_value() || !t->defined()) return std::nullopt;
+  return cpu_alias(*t);
+}
+
+at::Tensor tpu_of(const at::Tensor& t) { return t.defined() ? tpu_retag(t) : t; }
+
+// A convolution on a backend other than CPU or CUDA reaches `convolution_overrideable`: PyTorch's
+// CPU convolution over the same memory.
+at::Tensor tpu_convolution(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, c10::IntArrayRef stride,
+                           c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+                           c10::IntArrayRef output_padding, int64_t groups) {
+  static const char kName[] = "aten::convolution_overrideable.default";
+  count_fallback(kName);
+  return tpu_of(at::convolution(cpu_alias(input), cpu_alias(weight), cpu_alias_opt(bias), stride,
+                                padding, dilation, transposed, output_padding, groups));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
+    c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
+  static const char kName[] = "aten::convolution_backward_overrideable.default";
+  count_fallback(kName);
+  std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  auto [gi, gw, gb] = at::convolution_backward(
+      cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
+      output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,
+      padding, dilation, transposed, output_padding, groups, output_mask);
+  return {tpu_of(gi), tpu_of(gw), tpu_of(gb)};
+}
+
+// `histc` of integers: PyTorch's CPU kernel takes floating types only (CUDA's takes integers
+// too, and transformers relies on it off the CPU), so integers are counted in double.
+at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
+                     const at::Scalar& max) {
+  static const char kName[] = "aten::histc.default";
+  count_fallback(kName);
+  at::Tensor x = cpu_alias(self);
+  if (at::isFloatingType(x.scalar_type())) return tpu_of(at::histc(x, bins, min, max));
+  return tpu_of(at::histc(x.to(at::kDouble), bins, min, max).to(x.scalar_type()));
+}
+
 // ----- kernels at the key -----
 
 at::Tensor wrap_output(const TpukOut& o) {
@@ -700,6 +751,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", at::native::set_);
   m.impl("set_.source_Storage_storage_offset", at::native::set_storage_cpu_);
   m.impl("set_.source_Tensor", at::native::set_tensor_);
+  m.impl("convolution_overrideable", tpu_convolution);
+  m.impl("convolution_backward_overrideable", tpu_convolution_backward);
+  m.impl("histc", tpu_histc);
 }
 
 extern "C" {

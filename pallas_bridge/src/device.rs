@@ -208,7 +208,21 @@ fn dtype_name_of_code(code: i64) -> Option<&'static str> {
 
 // ----- memory -----
 
+/// Says once, on the device's first use, which PJRT platform backs it (`TPUK_QUIET=1`: never).
+fn announce() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        if std::env::var("TPUK_QUIET").is_ok_and(|v| v == "1") {
+            return;
+        }
+        let platform = runtime_if_ready().map(|rt| rt.dispatcher.platform().name()).unwrap_or("?");
+        let what = if platform == "cpu" { " (the XLA CPU plugin: no TPU in use)" } else { "" };
+        eprintln!("[tpu_kernels] tpu device: PJRT platform '{platform}'{what}");
+    });
+}
+
 extern "C" fn api_alloc(n: usize, ctx: *mut *mut c_void) -> *mut c_void {
+    announce();
     match HostPool::global().allocate(n) {
         Ok(block) => {
             let data = block.as_ptr().cast::<c_void>();
@@ -433,6 +447,7 @@ fn input<'a>(i: usize, a: &'a TpukArg, gather: bool) -> Result<Input<'a>, String
 }
 
 fn call(op: u32, args: &[TpukArg], outs: &mut [TpukOut]) -> i32 {
+    announce();
     let Some(rt) = runtime_if_ready() else {
         set_message("the tpu device's runtime is not started".to_owned());
         return ERROR;

@@ -25,6 +25,21 @@ def _fell_back(op: str) -> int:
     return tk.report().device["fallbacks"].get(op, 0)
 
 
+def test_import_torch_alone_gives_the_device():
+    r = _run(
+        """
+        import torch
+        x = torch.ones(3, device="tpu", requires_grad=True)
+        (x * 2).sum().backward()
+        print(x.grad.device, torch.tpu.is_available())
+        """
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "tpu:0 True"
+    # One line on first use names the platform.
+    assert r.stderr.count("[tpu_kernels] tpu device: PJRT platform 'cpu'") == 1, r.stderr
+
+
 def test_the_device_is_registered_with_torchs_device_functions():
     assert device.is_installed() and device.unavailable_reason() is None
     assert torch._C._get_privateuse1_backend_name() == "tpu"
@@ -50,6 +65,13 @@ def test_creation_and_moves():
     assert b.dtype == torch.bfloat16 and torch.equal(b.cpu(), torch.ones(2, 2, dtype=torch.bfloat16))
     m = torch.nn.Linear(4, 3).to("tpu")
     assert all(p.device.type == "tpu" for p in m.parameters())
+    # Parameters two modules share stay shared (tied embeddings).
+    tied = torch.nn.ModuleDict({"a": torch.nn.Embedding(5, 4), "b": torch.nn.Linear(4, 5, bias=False)})
+    tied["b"].weight = tied["a"].weight
+    tied.to("tpu")
+    assert tied["a"].weight is tied["b"].weight and tied["a"].weight.device.type == "tpu"
+    assert len(list(tied.parameters())) == 1
+    assert next(torch.nn.Linear(2, 2).tpu().parameters()).device.type == "tpu"
     assert t.sum().item() == 66
 
 
@@ -258,7 +280,7 @@ def test_a_privateuse1_key_another_backend_holds_is_left_alone():
     r = _run(
         """
         import warnings, torch
-        torch.utils.rename_privateuse1_backend("other")
+        torch.utils.rename_privateuse1_backend("other")  # torch loaded no device (TPUK_DEVICE=0)
         with warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             import tpu_kernels.device as d
@@ -273,7 +295,8 @@ def test_a_privateuse1_key_another_backend_holds_is_left_alone():
             torch.nn.functional.gelu(x)
         assert tk.report().device is None
         print("left alone")
-        """
+        """,
+        env={"TPUK_DEVICE": "0"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "left alone" in r.stdout
@@ -282,12 +305,12 @@ def test_a_privateuse1_key_another_backend_holds_is_left_alone():
 def test_requiring_a_tpu_without_one_is_an_error_naming_libtpus_answer():
     r = _run(
         """
-        import torch
         from tpu_kernels.errors import RuntimeUnavailableError
         try:
-            import tpu_kernels.device
-        except RuntimeUnavailableError as e:
-            print("refused:", e)
+            import torch  # loads the device
+        except RuntimeError as e:
+            assert isinstance(e.__cause__, RuntimeUnavailableError), repr(e.__cause__)
+            print("refused:", e.__cause__)
         else:
             raise SystemExit("ran on the CPU plugin although a TPU was required")
         """,
@@ -414,3 +437,18 @@ def test_the_mode_comes_from_the_environment():
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "caught: tpu debug mode: aten::sqrt.out" in r.stdout
+
+
+def test_integer_histc_on_the_device_eager_and_compiled():
+    """transformers bins integer expert ids with `histc` off the CPU (CUDA's histc takes
+    integers, PyTorch's CPU kernel does not): the device counts them, eagerly and compiled."""
+    import torch._dynamo
+
+    ids = torch.tensor([0, 3, 1, 2, 2, 3, 3, 1], dtype=torch.int32)
+    want = torch.histc(ids.double(), 4, 0, 3).to(torch.int32)
+    assert torch.equal(torch.histc(ids.to("tpu"), 4, 0, 3).cpu(), want)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: torch.histc(t, 4, 0, 3), backend="tpu_kernels")
+    with no_fallbacks(programs=1):
+        got = f(ids.to("tpu"))
+    assert torch.equal(got.cpu(), want)

@@ -230,6 +230,16 @@ CASES = {
         lambda x, w, o, g_: torch.ops.transformers.grouped_mm_fallback_backward(x, w, o, g_),
         [randn(9, 5), randn(4, 5, 3), torch.tensor([2, 2, 6, 8], dtype=torch.int32), randn(9, 3)],
     ),
+    # aten's grouped matmul (what transformers calls off the CPU): rows by their expert, the
+    # per-expert products of the weight's gradient, and the batched form. PyTorch's CPU kernel
+    # wants 16-byte strides.
+    "aten_grouped_mm": (
+        lambda x, w, o, k, s_, b1, b2: (a._grouped_mm(x, w, o), a._grouped_mm(k, s_, o), a._grouped_mm(b1, b2)),
+        [
+            randn(9, 8), randn(4, 8, 4), torch.tensor([2, 2, 6, 8], dtype=torch.int32),
+            randn(4, 12), randn(12, 8), randn(4, 2, 8), randn(4, 8, 4),
+        ],
+    ),
     "histc": (
         lambda x, c: (a.histc(x, 4), a.histc(x, 5, -1.0, 1.0), a.histc(c, 3)),
         [torch.tensor([0.0, 3.0, 1.0, 2.0, 2.9, 3.0, -0.5, 1.5]), torch.full((4,), 2.0)],

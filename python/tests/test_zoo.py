@@ -67,7 +67,7 @@ def _compare(got: zoo.Step, ref: zoo.Step, what: str) -> None:
         assert worst <= 2 * LR + 1e-6, f"{what}: {k} after the step: off by {worst:.3g}, more than 2 lr"
 
 
-@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile"])
+@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-compile"])
 @pytest.mark.parametrize("name", list(zoo.SPECS))
 def test_zoo_model_trains_a_step(references, name, path):
     if (name, path) in NOT_YET:
@@ -79,7 +79,7 @@ def test_zoo_model_trains_a_step(references, name, path):
         return
     ref = _reference(references, name)
     spec = zoo.SPECS[name]
-    if path == "compile":
+    if path in ("compile", "tpu-compile"):
         allow = LEFT_TO_PYTORCH.get(name, {})
         with no_fallbacks(ops=[], programs=1, allow=allow) as ran:
             got = zoo.train_step(spec, path)

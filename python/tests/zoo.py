@@ -21,7 +21,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-PATHS = ("eager", "strict", "debug", "fused", "compile")
+# On CPU tensors: plain eager, the three `substitute` modes, torch.compile. On the "tpu" device
+# (`model.to("tpu")`): its strict, debug and fused modes, and torch.compile of the device model.
+PATHS = ("eager", "strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-compile")
+DEVICE_PATHS = {"tpu": "strict", "tpu-debug": "debug", "tpu-fused": "fused", "tpu-compile": "strict"}
 VOCAB = 128
 LR = 1e-3  # AdamW's learning rate
 SEQ = 16
@@ -250,27 +253,49 @@ def _context(path: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def _to_device(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return v.to("tpu")
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_device(x) for x in v)
+    return v
+
+
 def train_step(spec: Spec, path: str, seed: int = 0, autocast: torch.dtype | None = None) -> Step:
     """Forward, backward and one AdamW step of `spec`'s model through `path`; with `autocast`
     (``torch.bfloat16``) the forward runs under CPU autocast to that dtype."""
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
     model, batch = build(spec, seed)
+    on_device = path in DEVICE_PATHS
+    if on_device:
+        if autocast is not None:
+            raise ValueError("autocast on the tpu device is not covered by the zoo yet")
+        import tpu_kernels.device as device
+
+        model = model.to("tpu")
+        batch = {k: _to_device(v) for k, v in batch.items()}
     opt = torch.optim.AdamW(model.parameters(), lr=LR, foreach=False)
     runner: Any = model
-    if path == "compile":
+    if path in ("compile", "tpu-compile"):
         torch._dynamo.reset()
         runner = torch.compile(model, backend="tpu_kernels")
     cast = torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
-    with _context(path):
-        with cast:
-            loss = spec.loss(runner, batch)
-        loss.backward()
-        opt.step()
-        loss = loss.detach().clone()
+    if on_device:
+        device.set_mode(DEVICE_PATHS[path])
+    try:
+        with _context(path):
+            with cast:
+                loss = spec.loss(runner, batch)
+            loss.backward()
+            opt.step()
+            loss = loss.detach().clone()
+    finally:
+        if on_device:
+            device.set_mode("strict")
     named = dict(model.named_parameters())
     return Step(
-        loss=loss,
-        grads={n: p.grad.detach().clone() for n, p in named.items() if p.grad is not None},
-        params={n: p.detach().clone() for n, p in named.items()},
+        loss=loss.cpu(),
+        grads={n: p.grad.detach().cpu().clone() for n, p in named.items() if p.grad is not None},
+        params={n: p.detach().cpu().clone() for n, p in named.items()},
     )

@@ -1,7 +1,8 @@
-"""The "tpu" device: ``import tpu_kernels.device``, then ``model.to("tpu")``.
+"""The "tpu" device: ``model.to("tpu")``.
 
-Importing this module (after torch, which it imports) registers PyTorch's PrivateUse1 key under
-the name "tpu", with a C++ shim (``tpu_kernels._device``) that forwards to the Rust runtime:
+``import torch`` loads this module (PyTorch's device-backend autoloading, see ``_autoload.py``;
+``TPUK_DEVICE=0`` turns that off, and ``import tpu_kernels.device`` then loads it). It registers
+PyTorch's PrivateUse1 key under the name "tpu", with a C++ shim (``tpu_kernels._device``) that forwards to the Rust runtime:
 
 - **Memory.** A "tpu" tensor's memory comes from the project's caching allocator: 64-byte
   aligned host memory on the embedded default, which the PJRT CPU client reads in place.
@@ -22,7 +23,8 @@ the name "tpu", with a C++ shim (``tpu_kernels._device``) that forwards to the R
   generator for this device.
 
 What backs the device is its PJRT platform (:func:`platform`): "cpu", the XLA CPU plugin, on
-this package's embedded default. ``TPUK_REQUIRE_TPU=1`` (or :func:`require_tpu`) makes a
+this package's embedded default; the device's first use says so in one line on stderr
+(``TPUK_QUIET=1`` silences it). ``TPUK_REQUIRE_TPU=1`` (or :func:`require_tpu`) makes a
 missing TPU an error instead of a run on the CPU plugin.
 
 If another backend already holds PyTorch's PrivateUse1 key (``torch_tpu``, or any renamed
@@ -348,18 +350,49 @@ def _route_inductor() -> None:
     wrapper.__call__ = __call__
 
 
-# ----- installation -----
+# ----- modules -----
 
 
-def _announce() -> None:
-    if _state["announced"] or os.environ.get("TPUK_QUIET") == "1":
+def _keep_tied_parameters() -> None:
+    """``module.to("tpu")`` keeps parameters that several modules share (tied embeddings) shared.
+
+    PyTorch converts a parameter in place (``param.data = ...``) only between the backends it
+    knows as dense (CPU, CUDA, ...); for any other device it makes a new Parameter per module,
+    so a parameter two modules held becomes two (GPT-2's ``lm_head`` and ``wte`` would train
+    apart). The conversion to the tpu device puts the sharing back."""
+    module = torch.nn.Module
+    original = module.to
+    if getattr(original, "_tpu_kernels", False):
         return
-    _state["announced"] = True
-    print(
-        f"[tpu_kernels] tpu device: PJRT platform {platform()!r}"
-        + (" (the XLA CPU plugin: no TPU in use)" if platform() == "cpu" else ""),
-        file=sys.stderr,
-    )
+
+    def to(self, *args, **kwargs):
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        if device is None or torch.device(device).type != NAME:
+            return original(self, *args, **kwargs)
+        shared: dict[int, list] = {}
+        for m in self.modules():
+            for name, p in m._parameters.items():
+                if p is not None:
+                    shared.setdefault(id(p), []).append((m, name))
+        out = original(self, *args, **kwargs)
+        for places in shared.values():
+            first = places[0][0]._parameters[places[0][1]]
+            for m, name in places[1:]:
+                m._parameters[name] = first
+        return out
+
+    to._tpu_kernels = True  # type: ignore[attr-defined]
+    to.__doc__ = original.__doc__
+    module.to = to
+
+    def tpu(self, device=None):
+        """Moves every parameter and buffer to the tpu device (``module.to("tpu")``)."""
+        return self.to(NAME if device is None else torch.device(NAME, device))
+
+    module.tpu = tpu
+
+
+# ----- installation -----
 
 
 def _taken_by() -> str | None:
@@ -404,8 +437,9 @@ def _install() -> None:
         module._tpu_kernels = True
         torch._register_device_module(NAME, module)
         torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+            for_tensor=True, for_module=False, for_packed_sequence=True, for_storage=True
         )
+        _keep_tied_parameters()
         _route_inductor()
         from .torch._bindings import CPU_KEEPS_INPUT_DTYPE
 
@@ -414,7 +448,6 @@ def _install() -> None:
         _state["reason"] = None
         sync()
         _events.on_registry_change(sync)
-        _announce()
         env_mode = os.environ.get("TPUK_MODE")
         if env_mode:
             set_mode(env_mode)

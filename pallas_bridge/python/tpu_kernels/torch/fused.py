@@ -250,6 +250,8 @@ class FusedMode(TorchDispatchMode):
             m if (d := cpu_output_dtype(key, i, m.dtype, dtypes)) == m.dtype else m.to(d)
             for i, m in enumerate(metas)
         ]
+        if not tensors and isinstance(kwargs.get("device"), (str, torch.device)):
+            device = torch.device(kwargs["device"]).type  # a factory op: where it was asked for
         outs = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in metas]
         self._record(func, args, kwargs, outs, alias=False, metas=metas)
         return outs[0] if isinstance(out_meta, torch.Tensor) else tuple(outs)
@@ -409,7 +411,7 @@ def _fill(t: torch.Tensor, value: torch.Tensor, aliased: bool) -> None:
     becomes the tensor's memory) unless a view aliases the placeholder's own storage, in which
     case the bytes are copied. The autograd version counter is left as it was, so tensors saved
     for backward stay valid."""
-    if aliased or value.dtype != t.dtype or value.shape != t.shape:
+    if aliased or value.dtype != t.dtype or value.shape != t.shape or value.device != t.device:
         t.data.copy_(value)
         return
     version = t._version

@@ -249,6 +249,7 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("transformers::grouped_mm_fallback.default", moe::grouped_mm),
     ("transformers::grouped_mm_fallback_backward.default", moe::grouped_mm_backward),
     ("aten::histc.default", moe::histc),
+    ("aten::_grouped_mm.default", moe::aten_grouped_mm),
     ("aten::empty_permuted.default", moe::empty_permuted),
     // linear algebra
     ("aten::mm.default", nn::mm),

@@ -1,5 +1,6 @@
 //! What a mixture-of-experts layer's compiled graph calls besides the router's sort and top-k:
-//! transformers' grouped matmul (`transformers::grouped_mm_fallback`, forward and backward),
+//! transformers' grouped matmul (`transformers::grouped_mm_fallback`, forward and backward, and
+//! `aten::_grouped_mm`, which it calls off the CPU),
 //! the tokens-per-expert histogram (`histc`) and `empty_permuted`.
 //!
 //! The grouped matmul multiplies each row of `input [S, K]` by the weight `[K, N]` of the expert
@@ -94,6 +95,87 @@ pub(super) fn grouped_mm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(convert(b, out, x.dtype())?)
 }
 
+/// `aten::_grouped_mm(self, mat2, offs, bias, out_dtype)` (what transformers calls off the CPU,
+/// and what its backward calls), in the three forms a mixture-of-experts layer uses:
+/// - `[S, K] x [E, K, N]` with `offs`: each row by its expert's matrix, `[S, N]` (as
+///   `grouped_mm_fallback`);
+/// - `[K, S] x [S, N]` with `offs` over `S`: one product per expert over its rows, `[E, K, N]`
+///   (the weight's gradient);
+/// - `[E, M, K] x [E, K, N]` without `offs`: a batched matmul, `[E, M, N]`.
+pub(super) fn aten_grouped_mm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (x, w) = (cx.tensor(0, "self")?, cx.tensor(1, "mat2")?);
+    let offs = cx.opt_tensor(2, "offs")?;
+    if cx.opt_tensor(3, "bias")?.is_some() {
+        return bad("_grouped_mm with a bias has no lowering".to_owned());
+    }
+    if let Some(dt) = cx.opt_dtype(4, "out_dtype")?
+        && dt != x.dtype()
+    {
+        return bad(format!("_grouped_mm to out_dtype {dt} from {} has no lowering", x.ty()));
+    }
+    if x.dtype() != w.dtype() || !x.dtype().is_float() {
+        return bad(format!(
+            "_grouped_mm needs float operands of one type, got {} and {}",
+            x.ty(),
+            w.ty()
+        ));
+    }
+    let (xd, wd) = (dims_of(x)?, dims_of(w)?);
+    let acc = acc_type(x.dtype());
+    match (xd.len(), wd.len(), offs) {
+        (2, 3, Some(offs)) if xd[1] == wd[1] && dims_of(offs)? == [wd[0]] => {
+            let (s, e, n) = (xd[0], wd[0], wd[2]);
+            let all = contract(b, x, w, 1, 1)?;
+            let mask = expert_mask(b, offs, s, all.dtype())?;
+            let wide = b.broadcast_in_dim(
+                mask,
+                TensorType::new(all.dtype(), Shape::of(&[s, e, n])),
+                &[0, 1],
+            )?;
+            let picked = b.binary(BinaryOp::Multiply, all, wide)?;
+            let out = reduce(b, picked, BinaryOp::Add, Scalar::Int(0), &[1], false)?;
+            one(convert(b, out, x.dtype())?)
+        }
+        (2, 2, Some(offs)) if xd[1] == wd[0] && dims_of(offs)?.len() == 1 => {
+            let (k, s, n) = (xd[0], xd[1], wd[1]);
+            let e = dims_of(offs)?[0];
+            // out[e] = x[:, rows of e] . w[rows of e, :]: the rows masked per expert.
+            let mask = expert_mask(b, offs, s, acc)?;
+            let xs = b.broadcast_in_dim(
+                convert(b, x, acc)?,
+                TensorType::new(acc, Shape::of(&[k, s, e])),
+                &[0, 1],
+            )?;
+            let wide =
+                b.broadcast_in_dim(mask, TensorType::new(acc, Shape::of(&[k, s, e])), &[1, 2])?;
+            let masked = b.binary(BinaryOp::Multiply, xs, wide)?;
+            // [K, S, E] x [S, N] contracting S -> [K, E, N] -> [E, K, N].
+            let out = contract(b, masked, convert(b, w, acc)?, 1, 0)?;
+            let out = b.transpose(out, &[1, 0, 2])?;
+            debug_assert_eq!(dims_of(out)?, [e, k, n]);
+            one(convert(b, out, x.dtype())?)
+        }
+        (3, 3, None) if xd[0] == wd[0] && xd[2] == wd[1] => {
+            let dims = DotDims {
+                lhs_batch: vec![0],
+                rhs_batch: vec![0],
+                lhs_contracting: vec![2],
+                rhs_contracting: vec![1],
+            };
+            let out = b.dot_general(x, w, dims, None, (acc != x.dtype()).then_some(acc))?;
+            one(convert(b, out, x.dtype())?)
+        }
+        _ => bad(format!(
+            "_grouped_mm of {} and {}{} has no lowering (forms: [S,K]x[E,K,N] and [K,S]x[S,N] with \
+             offs, [E,M,K]x[E,K,N] without)",
+            x.ty(),
+            w.ty(),
+            if offs.is_some() { " with offs" } else { " without offs" }
+        )),
+    }
+}
+
 /// `transformers::grouped_mm_fallback_backward(input, weight, offs, grad_output)`:
 /// `(grad_input [S, K], grad_weight [E, K, N])`.
 pub(super) fn grouped_mm_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
@@ -131,8 +213,8 @@ pub(super) fn grouped_mm_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 pub(super) fn histc<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let b = cx.b;
     let x = cx.tensor(0, "self")?;
-    if !x.dtype().is_float() {
-        return bad(format!("histc needs a float input, got {}", x.ty()));
+    if x.dtype().is_bool() {
+        return bad(format!("histc needs a number input, got {}", x.ty()));
     }
     let bins = cx.int_or(1, "bins", 100)?;
     if bins < 1 {
@@ -143,7 +225,8 @@ pub(super) fn histc<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     if lo > hi {
         return bad(format!("histc: max {hi} must be at least min {lo}"));
     }
-    let acc = acc_type(x.dtype());
+    // Integers (which CUDA's histc takes, and transformers passes off the CPU) are binned in f64.
+    let acc = if x.dtype().is_float() { acc_type(x.dtype()) } else { DType::F64 };
     let numel: u64 = dims_of(x)?.iter().product();
     let flat = b.reshape(convert(b, x, acc)?, Shape::of(&[numel]))?;
     let all: Vec<usize> = vec![0];
