@@ -4,9 +4,11 @@ The model (defined here, random weights): token embedding, RMSNorm, causal atten
 `F.scaled_dot_product_attention`, a SwiGLU MLP, a tied-free linear head and cross-entropy.
 One forward and backward runs
 
-  1. in plain PyTorch eager (the reference),
-  2. under `tpu_kernels.substitute(mode="strict")`, `"debug"` and `"fused"`,
-  3. under `torch.compile(model, backend="tpu_kernels")`,
+  1. in plain PyTorch eager on CPU (the reference),
+  2. on the "tpu" device, `model.to("tpu")`, in its strict, debug and fused modes
+     (`tpu_kernels.device.set_mode`), and under a plain `torch.compile` of the device model,
+  3. on CPU tensors under `tpu_kernels.substitute(mode="strict")`, `"debug"` and `"fused"`,
+  4. on CPU tensors under `torch.compile(model, backend="tpu_kernels")`,
 
 and each loss and every parameter gradient must match the reference within tolerance. Values
 alone cannot tell our path from PyTorch's (everything falls back to PyTorch when something
@@ -133,17 +135,20 @@ def compare(name: str, ref, got, rtol: float, atol: float) -> bool:
     return ok
 
 
-# The kernels one training step runs in every mode.
+# The kernels one training step runs in every mode on CPU tensors.
 KERNELS = ["sdpa_flash_cpu", "sdpa_flash_cpu_backward", "silu", "log_softmax", "log_softmax_backward"]
+# On the device, PyTorch's SDPA picks its math backend (it has no fused-attention choice for a
+# PrivateUse1 device): the attention's softmax runs as a kernel instead of the flash kernel.
+DEVICE_KERNELS = ["softmax", "softmax_backward", "silu", "log_softmax", "log_softmax_backward"]
 
 
-def ran_ours(name: str, fn, programs: int = 0):
+def ran_ours(name: str, fn, programs: int = 0, kernels: list[str] = KERNELS):
     """`fn()` inside `no_fallbacks`: (its result, True), or (its result, False) after printing
     what fell back or did not run."""
     from tpu_kernels.testing import no_fallbacks
 
     try:
-        with no_fallbacks(kernels=KERNELS, programs=programs) as ran:
+        with no_fallbacks(kernels=kernels, programs=programs) as ran:
             out = fn()
     except AssertionError as e:
         print(f"  {name:<28} NOT ON TPU_KERNELS: {e}")
@@ -170,8 +175,46 @@ def main(argv: list[str] | None = None) -> int:
     print(f"GPT: {cfg.layers} layers, dim {cfg.dim}, {cfg.heads} heads, vocab {cfg.vocab}, {n_params} parameters")
 
     ref = step(model, model, tokens, targets)
-    print(f"  {'plain PyTorch eager':<28} loss {ref[0].item():.6f}")
+    print(f"  {'plain PyTorch eager (CPU)':<28} loss {ref[0].item():.6f}")
     ok = True
+
+    # The one-word change: the model and its inputs on the "tpu" device.
+    import copy
+
+    import tpu_kernels.device as device
+
+    on_tpu = copy.deepcopy(model).to("tpu")
+    tok_t, tgt_t = tokens.to("tpu"), targets.to("tpu")
+
+    def to_cpu(got):
+        loss, grads = got
+        return loss.cpu(), {n: g.cpu() for n, g in grads.items()}
+
+    for mode in ("strict", "debug", "fused"):
+        device.set_mode(mode)
+        t = time.perf_counter()
+        try:
+            got, ours = ran_ours(f'to("tpu"), {mode}', lambda: step(on_tpu, on_tpu, tok_t, tgt_t),
+                                 programs=1 if mode == "fused" else 0, kernels=DEVICE_KERNELS)
+        finally:
+            device.set_mode("strict")
+        ok &= ours
+        if got is not None:
+            ok &= compare(f'to("tpu"), {mode}', ref, to_cpu(got), rtol=1e-4, atol=1e-5)
+        print(f"      {(time.perf_counter() - t) * 1e3:.1f} ms")
+    if not args.skip_compile:
+        torch._dynamo.reset()
+        compiled_tpu = torch.compile(on_tpu)  # a plain torch.compile: device graphs go to tpu_kernels
+        step(on_tpu, compiled_tpu, tok_t, tgt_t)
+        t = time.perf_counter()
+        got, ours = ran_ours('to("tpu"), torch.compile', lambda: step(on_tpu, compiled_tpu, tok_t, tgt_t), programs=2,
+                             kernels=["silu", "log_softmax", "log_softmax_backward"])
+        ok &= ours
+        if got is not None:
+            ok &= compare('to("tpu"), torch.compile', ref, to_cpu(got), rtol=1e-4, atol=1e-5)
+        print(f"      {(time.perf_counter() - t) * 1e3:.1f} ms (second step)")
+
+    # The same kernels on CPU tensors, through the context manager and the compile backend.
     for mode in ("strict", "debug", "fused"):
         def run(tok, tgt, mode=mode):
             with tkt.substitute(mode=mode):
@@ -209,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(tkt.report())
     print()
-    print("all modes match plain PyTorch" if ok else "MISMATCH against plain PyTorch")
+    print("every path matches plain PyTorch" if ok else "MISMATCH against plain PyTorch")
     return 0 if ok else 1
 
 

@@ -20,5 +20,8 @@ def test_gpt_example_all_modes_match(capsys):
     out = capsys.readouterr().out
     for mode in ("strict", "debug", "fused"):
         assert f"substitute('{mode}')" in out
+        assert f'to("tpu"), {mode}' in out
+    assert 'to("tpu"), torch.compile' in out
+    assert "every path matches plain PyTorch" in out
     assert 'torch.compile("tpu_kernels")' in out
     assert "kernels inlined" in out and "silu" in out
