@@ -74,6 +74,22 @@ fn erf(x: f64) -> f64 {
     sum * 2.0 / std::f64::consts::PI.sqrt()
 }
 
+/// A kernel's doc comment in one line: its first sentence, shortened to fit a terminal.
+fn summary(doc: &str) -> String {
+    let paragraph: Vec<&str> = doc.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
+    let text = paragraph.join(" ");
+    let sentence = match text.find(". ") {
+        Some(i) => &text[..=i],
+        None => text.as_str(),
+    };
+    const WIDTH: usize = 60;
+    if sentence.chars().count() <= WIDTH {
+        return sentence.to_owned();
+    }
+    let cut: String = sentence.chars().take(WIDTH - 3).collect();
+    format!("{}...", cut.trim_end())
+}
+
 fn main() -> Result<()> {
     let plugin = Plugin::cpu().context("loading the PJRT CPU plugin (run `scripts/dev setup`)")?;
     let (major, minor) = plugin.attributes().api_version();
@@ -82,8 +98,12 @@ fn main() -> Result<()> {
     let registry = Registry::global()?;
 
     println!("\n== registered kernels ==");
-    for k in registry.index().kernels() {
-        println!("  {:<16} {:<32} {}", k.name(), k.ops.join(", "), k.record.doc);
+    let index = registry.index();
+    let name_width = index.kernels().map(|k| k.name().len()).max().unwrap_or(0);
+    let ops_width = index.kernels().map(|k| k.ops.join(", ").len()).max().unwrap_or(0);
+    for k in index.kernels() {
+        let ops = k.ops.join(", ");
+        println!("  {:<name_width$}  {ops:<ops_width$}  {}", k.name(), summary(k.record.doc));
     }
 
     let cache = Arc::new(CompileCache::new(CacheConfig::from_env()));

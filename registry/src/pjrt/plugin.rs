@@ -94,6 +94,20 @@ impl Plugin {
             // this path is only a fallback. Without it libtpu blocks for ten minutes on start.
             unsafe { std::env::set_var("TPU_SKIP_MDS_QUERY", "1") };
         }
+        if is_libtpu(&canonical) {
+            // Without the metadata server (skipped above) libtpu knows no hosts and prints its
+            // start-up warnings and a source trace on every load; this process is one host of
+            // its own. Multi-host users set both variables, which are then left alone.
+            for (name, value) in
+                [("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_HOST_BOUNDS", "1,1,1")]
+            {
+                if std::env::var_os(name).is_none() {
+                    // SAFETY: as above (once per process, under the plugin lock, before libtpu
+                    // is mapped).
+                    unsafe { std::env::set_var(name, value) };
+                }
+            }
+        }
         if is_libtpu(&canonical) && std::env::var_os("ALLOW_MULTIPLE_LIBTPU_LOAD").is_none() {
             // SAFETY: as above. This project only uses libtpu's compile-only path, which touches
             // no device, so several processes (a test and the `tpuk` it runs, two CI jobs) may
