@@ -23,7 +23,13 @@ pub fn random_bytes(ty: &TensorType, seed: u64) -> Result<Vec<u8>, String> {
             state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (state >> 11) as f64 / (1u64 << 53) as f64
     };
-    let mut out = Vec::with_capacity(n * ty.dtype.byte_size());
+    // Sized by the user's signature: a size no memory holds is an error, never an abort.
+    let bytes = n
+        .checked_mul(ty.dtype.byte_size())
+        .ok_or_else(|| format!("input {ty} is larger than any allocation"))?;
+    let mut out = Vec::new();
+    out.try_reserve_exact(bytes)
+        .map_err(|_| format!("input {ty}: out of memory allocating {bytes} bytes of input data"))?;
     for _ in 0..n {
         let u = next();
         let f = u * 4.0 - 2.0;

@@ -108,6 +108,23 @@ fn run_times_a_kernel_on_the_cpu_plugin() {
 }
 
 #[test]
+fn a_signature_too_large_for_memory_is_an_error_not_an_abort() {
+    if cpu_plugin_for_tests().is_none() {
+        return;
+    }
+    // About 40 PB of input: no allocation can hold it.
+    let out = tpuk(&["run", "rms_norm", "--sig", "f32[99999999,99999999], f32[99999999]"]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "input tensor<99999999x99999999xf32>: out of memory allocating 39999999200000004 bytes"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn tpu_compile_and_check_cover_every_kernel() {
     if cpu_plugin_for_tests().is_none() || libtpu_for_tests().is_none() {
         return;
