@@ -164,6 +164,17 @@ def test_eager_fused(lib, dtype):
     _check_all(outs, x, gate, w)
 
 
+def test_the_librarys_kernels_serve_the_tpu_device(lib):
+    """Loading a library binds its ops at the device's key: they run there from the next call."""
+    x, gate, w = _inputs()
+    on_tpu = [t.to("tpu") for t in (x, gate, w)]
+    with no_fallbacks(kernels=FORWARD):
+        outs = _run_all(*on_tpu)
+    assert all(o.device.type == "tpu" for o in outs)
+    assert not any(op.startswith("my_kernels::") for op in tk.report().device["fallbacks"])
+    _check_all([o.cpu() for o in outs], x, gate, w)
+
+
 def test_torch_compile(lib):
     import tpu_kernels.torch.backend  # noqa: F401
     from tpu_kernels.torch import report
