@@ -18,6 +18,7 @@
 #include <ATen/core/op_registration/adaption.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -655,6 +656,33 @@ at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min
   return tpu_of(at::histc(x.to(at::kDouble), bins, min, max).to(x.scalar_type()));
 }
 
+// PyTorch's SDPA asks the device's backend which fused attention it takes; without an answer a
+// PrivateUse1 device gets the math decomposition. The device answers as the CPU does, so SDPA
+// calls `_scaled_dot_product_flash_attention_for_cpu`, which kernels bind at
+// the key (and the fallback runs on the CPU kernel when they decline).
+int64_t tpu_fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& attn_mask, double dropout_p,
+                             bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  // The CPU's rule reads only metadata. Real tensors are asked about through their CPU aliases.
+  // Fake ones (torch.compile's tracing) have no memory, and a fake mode would answer with its
+  // meta rule (math for any device but CUDA's kind): they are asked about through plain CPU
+  // tensors of their metadata, made and asked outside Python dispatch (at trace time only;
+  // their pages are never touched).
+  bool fake = query.key_set().has(c10::DispatchKey::Python);
+  c10::impl::ExcludeDispatchKeyGuard no_python(
+      fake ? c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot})
+           : c10::DispatchKeySet());
+  auto as_cpu = [fake](const at::Tensor& t) -> at::Tensor {
+    if (!fake) return cpu_alias(t);
+    return at::empty_strided(t.sizes(), t.strides(),
+                             at::TensorOptions().dtype(t.scalar_type()).device(c10::kCPU));
+  };
+  std::optional<at::Tensor> mask;
+  if (attn_mask.has_value() && attn_mask->defined()) mask = as_cpu(*attn_mask);
+  return at::_fused_sdp_choice(as_cpu(query), as_cpu(key), as_cpu(value), mask, dropout_p,
+                               is_causal, scale, enable_gqa);
+}
+
 // ----- kernels at the key -----
 
 at::Tensor wrap_output(const TpukOut& o) {
@@ -769,6 +797,7 @@ int tpuk_shim_install(const TpukDeviceApi* api, char* err, size_t cap) {
   g_api = api;
   if (!hooks_registered) {
     at::RegisterPrivateUse1HooksInterface(new TpuHooks());
+    at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&tpu_fused_sdp_choice);
     hooks_registered = true;
   }
   return 0;

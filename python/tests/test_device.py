@@ -452,3 +452,18 @@ def test_integer_histc_on_the_device_eager_and_compiled():
     with no_fallbacks(programs=1):
         got = f(ids.to("tpu"))
     assert torch.equal(got.cpu(), want)
+
+
+def test_sdpa_on_the_device_takes_the_flash_kernels():
+    """PyTorch's SDPA asks a device which fused attention it takes: the device answers as the
+    CPU does, so the flash kernels run (forward and backward) instead of the math decomposition."""
+    q, k, v = (torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3))
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref.sum().backward()
+    qt, kt, vt = (t.detach().to("tpu").requires_grad_() for t in (q, k, v))
+    with no_fallbacks(kernels=["sdpa_flash_cpu", "sdpa_flash_cpu_backward"]):
+        out = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        out.sum().backward()
+    torch.testing.assert_close(out.detach().cpu(), ref.detach())
+    for a, b in ((qt, q), (kt, k), (vt, v)):
+        torch.testing.assert_close(a.grad.cpu(), b.grad)
