@@ -14,6 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/op_registration/adaption.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -672,10 +673,14 @@ int64_t tpu_fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, con
   c10::impl::ExcludeDispatchKeyGuard no_python(
       fake ? c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot})
            : c10::DispatchKeySet());
+  // Whether a tensor requires grad is part of the rule (flash attention gives a mask no
+  // gradient), so the CPU tensors carry it.
   auto as_cpu = [fake](const at::Tensor& t) -> at::Tensor {
-    if (!fake) return cpu_alias(t);
-    return at::empty_strided(t.sizes(), t.strides(),
-                             at::TensorOptions().dtype(t.scalar_type()).device(c10::kCPU));
+    at::Tensor c = fake ? at::empty_strided(t.sizes(), t.strides(),
+                                            at::TensorOptions().dtype(t.scalar_type()).device(c10::kCPU))
+                        : cpu_alias(t);
+    if (t.requires_grad()) c.set_requires_grad(true);
+    return c;
   };
   std::optional<at::Tensor> mask;
   if (attn_mask.has_value() && attn_mask->defined()) mask = as_cpu(*attn_mask);
@@ -783,6 +788,32 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_backward_overrideable", tpu_convolution_backward);
   m.impl("histc", tpu_histc);
 }
+
+// Autocast on the device (`torch.autocast("tpu", dtype=torch.bfloat16)`) follows the policy
+// PyTorch publishes for accelerators, the lists of ATen/autocast_mode.h that CUDA's autocast
+// registers too: matmuls and convolutions in the lower precision, reductions, norms and losses
+// in f32, mixed inputs promoted. Ops on no list pass through.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+namespace at::autocast {
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define TPUK_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define TPUK_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define TPUK_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define TPUK_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(TPUK_LOWER_PRECISION_FP)
+  AT_FORALL_FP32(TPUK_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(TPUK_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(TPUK_PROMOTE)
+#undef TPUK_LOWER_PRECISION_FP
+#undef TPUK_FP32
+#undef TPUK_FP32_SET_OPT_DTYPE
+#undef TPUK_PROMOTE
+}
+}  // namespace at::autocast
 
 extern "C" {
 

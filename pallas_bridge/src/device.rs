@@ -706,9 +706,18 @@ fn non_finite(a: &TpukArg) -> (u64, u64) {
             (std::slice::from_raw_parts(a.sizes, rank), std::slice::from_raw_parts(a.strides, rank))
         }
     };
-    // SAFETY: sizes and strides describe elements inside the tensor's storage, alive for the
-    // call (PyTorch's invariant; the shim holds the tensor).
-    let bytes = unsafe { crate::tensor::gather(a.data.cast::<u8>(), sizes, strides, esize) };
+    let numel: usize = sizes.iter().map(|&d| d.max(0) as usize).product();
+    let gathered;
+    let bytes: &[u8] = if crate::tensor::row_major(sizes, Some(strides)) {
+        // SAFETY: a dense row-major tensor's `numel` elements are the bytes from its first
+        // element on, inside its storage, alive for the call (the shim holds the tensor).
+        unsafe { std::slice::from_raw_parts(a.data.cast::<u8>(), numel * esize) }
+    } else {
+        // SAFETY: sizes and strides describe elements inside the tensor's storage, alive for
+        // the call (PyTorch's invariant; the shim holds the tensor).
+        gathered = unsafe { crate::tensor::gather(a.data.cast::<u8>(), sizes, strides, esize) };
+        &gathered
+    };
     let (mut nan, mut inf) = (0u64, 0u64);
     for chunk in bytes.chunks_exact(esize) {
         let mut raw = [0u8; 8];

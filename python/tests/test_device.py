@@ -467,3 +467,15 @@ def test_sdpa_on_the_device_takes_the_flash_kernels():
     torch.testing.assert_close(out.detach().cpu(), ref.detach())
     for a, b in ((qt, q), (kt, k), (vt, v)):
         torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
+def test_autocast_on_the_device():
+    """`torch.autocast("tpu")` follows PyTorch's accelerator policy: matmuls in the lower
+    precision, softmax in f32."""
+    a, b = torch.randn(8, 16, device="tpu"), torch.randn(16, 4, device="tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        y = a @ b
+        s = torch.softmax(y, -1)
+    assert y.dtype == torch.bfloat16 and s.dtype == torch.float32
+    ref = (a.cpu().bfloat16() @ b.cpu().bfloat16()).float()
+    torch.testing.assert_close(y.float().cpu(), ref, rtol=2e-2, atol=2e-2)

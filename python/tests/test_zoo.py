@@ -104,14 +104,14 @@ BF16_LOSS_RTOL = 2e-3
 BF16_GRAD = 5e-2
 
 
-@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile"])
+@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile", "tpu", "tpu-compile"])
 @pytest.mark.parametrize("name", BF16_MODELS)
 def test_zoo_model_trains_a_bf16_autocast_step(references, name, path):
     key = f"{name}@bf16"
     if key not in references:
         references[key] = zoo.train_step(zoo.SPECS[name], "eager", autocast=torch.bfloat16)
     ref = references[key]
-    with no_fallbacks(ops=[], programs=1 if path == "compile" else 0) as ran:
+    with no_fallbacks(ops=[], programs=1 if path in ("compile", "tpu-compile") else 0) as ran:
         got = zoo.train_step(zoo.SPECS[name], path, autocast=torch.bfloat16)
     assert ran.kernels, f"{name} bf16 in {path}: no kernel ran"
     assert not ran.pytorch_nodes, f"{name} bf16 compiled: nodes left to PyTorch: {ran.pytorch_nodes}"

@@ -263,14 +263,13 @@ def _to_device(v: Any) -> Any:
 
 def train_step(spec: Spec, path: str, seed: int = 0, autocast: torch.dtype | None = None) -> Step:
     """Forward, backward and one AdamW step of `spec`'s model through `path`; with `autocast`
-    (``torch.bfloat16``) the forward runs under CPU autocast to that dtype."""
+    (``torch.bfloat16``) the forward runs under autocast to that dtype (CPU autocast, or the tpu
+    device's on its paths)."""
     if path not in PATHS:
         raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
     model, batch = build(spec, seed)
     on_device = path in DEVICE_PATHS
     if on_device:
-        if autocast is not None:
-            raise ValueError("autocast on the tpu device is not covered by the zoo yet")
         import tpu_kernels.device as device
 
         model = model.to("tpu")
@@ -280,7 +279,11 @@ def train_step(spec: Spec, path: str, seed: int = 0, autocast: torch.dtype | Non
     if path in ("compile", "tpu-compile"):
         torch._dynamo.reset()
         runner = torch.compile(model, backend="tpu_kernels")
-    cast = torch.autocast("cpu", dtype=autocast) if autocast is not None else contextlib.nullcontext()
+    cast = (
+        torch.autocast("tpu" if on_device else "cpu", dtype=autocast)
+        if autocast is not None
+        else contextlib.nullcontext()
+    )
     if on_device:
         device.set_mode(DEVICE_PATHS[path])
     try:
