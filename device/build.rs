@@ -12,7 +12,13 @@ fn main() {
     let python = std::env::var("PYO3_PYTHON").unwrap_or_else(|_| "python3".to_owned());
     let probe = "import os, torch; print(os.path.dirname(torch.__file__)); \
                  print(int(torch._C._GLIBCXX_USE_CXX11_ABI)); print(torch.__version__)";
-    let out = Command::new(&python).args(["-c", probe]).output();
+    // Without device autoloading: `import torch` would load this very device (the installed
+    // package's `torch.backends` entry point), which may be stale or missing while it builds.
+    let out = Command::new(&python)
+        .args(["-c", probe])
+        .env("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+        .env("TPUK_DEVICE", "0")
+        .output();
     let text = match out {
         Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
         Ok(o) => fail(&python, &String::from_utf8_lossy(&o.stderr)),

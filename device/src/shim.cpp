@@ -147,6 +147,18 @@ at::Tensor cpu_alias(const at::Tensor& t) {
   return out;
 }
 
+// A block the device adopted from the CPU allocator (a fallback's fresh result).
+struct Adopted {
+  c10::DataPtr block;
+  size_t bytes;
+};
+
+void drop_adopted(void* ctx) {
+  auto* adopted = static_cast<Adopted*>(ctx);
+  g_api->adopted(-static_cast<ptrdiff_t>(adopted->bytes));
+  delete adopted;  // frees the block through its own deleter
+}
+
 // A tpu tensor over the memory of CPU tensor `r` (a fallback's fresh result), with no copy.
 at::Tensor tpu_retag(const at::Tensor& r) {
   const c10::Storage& s = r.storage();
@@ -157,9 +169,12 @@ at::Tensor tpu_retag(const at::Tensor& r) {
   bool sole = held.use_count() == 2 && held.weak_use_count() == 1;
   held.reset();
   if (sole) {
-    // Only `r` holds the memory: move its DataPtr (the CPU allocator's block) to the device.
-    c10::DataPtr dp = s.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr());
-    dp.unsafe_set_device(tpu_device());
+    // Only `r` holds the memory: the device adopts the CPU allocator's block (counted as
+    // device memory until the storage dies).
+    auto* adopted = new Adopted{s.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()), s.nbytes()};
+    void* data = adopted->block.get();
+    g_api->adopted(static_cast<ptrdiff_t>(adopted->bytes));
+    c10::DataPtr dp(data, adopted, &drop_adopted, tpu_device());
     storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
         c10::StorageImpl::use_byte_size_t(), s.nbytes(), std::move(dp), &g_allocator, true));
   } else {

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TPUK_DEVICE_ABI 2
+#define TPUK_DEVICE_ABI 3
 #define TPUK_MAX_RANK 16
 
 // What one argument of an op call is (`TpukArg::kind`).
@@ -89,6 +89,9 @@ typedef struct {
   // life (its handle's address); `name` is `ns::op.overload` (`.default` for the default
   // overload), read only the first time.
   void (*fell_back)(uintptr_t key, const char* name, size_t len);
+  // Device memory the allocator did not give: a fallback result's block, adopted by the device
+  // (`bytes > 0` when adopted, `< 0` when its storage dies). For `memory_allocated()`.
+  void (*adopted)(ptrdiff_t bytes);
   // The device's eager mode (TPUK_MODE_*).
   int32_t (*mode)(void);
   // Debug mode, before an op: 1 when every floating tensor and float among `args` is finite.

@@ -33,7 +33,7 @@ use crate::torch_bridge::{runtime, runtime_if_ready};
 
 // ----- the C ABI (mirrors device/src/tpuk_device.h) -----
 
-const ABI: u32 = 2;
+const ABI: u32 = 3;
 const MAX_RANK: usize = 16;
 
 const KIND_NONE: i32 = 0;
@@ -90,6 +90,7 @@ pub struct TpukDeviceApi {
     call: extern "C" fn(u32, *const TpukArg, usize, *mut TpukOut, usize) -> i32,
     release: extern "C" fn(*mut c_void),
     fell_back: extern "C" fn(usize, *const c_char, usize),
+    adopted: extern "C" fn(isize),
     mode: extern "C" fn() -> i32,
     finite: extern "C" fn(*const TpukArg, usize) -> i32,
     check: extern "C" fn(
@@ -113,6 +114,7 @@ static API: TpukDeviceApi = TpukDeviceApi {
     call: api_call,
     release: api_release,
     fell_back: api_fell_back,
+    adopted: api_adopted,
     mode: api_mode,
     finite: api_finite,
     check: api_check,
@@ -208,6 +210,35 @@ fn dtype_name_of_code(code: i64) -> Option<&'static str> {
 
 // ----- memory -----
 
+/// Device memory by where it came from, live bytes: the allocator's blocks (size-class bytes),
+/// kernel outputs (PJRT buffers whose memory became tensors), fallback results (blocks of
+/// PyTorch's CPU allocator the device adopted); and the peak of their sum.
+/// `peak_reserved` is the peak of the allocator's reserved bytes plus the other two.
+#[derive(Debug, Default)]
+struct Held {
+    pool: usize,
+    outputs: usize,
+    adopted: usize,
+    peak: usize,
+    peak_reserved: usize,
+}
+
+static HELD: Mutex<Held> =
+    Mutex::new(Held { pool: 0, outputs: 0, adopted: 0, peak: 0, peak_reserved: 0 });
+
+fn held(f: impl FnOnce(&mut Held)) {
+    // Read before taking the lock: the allocator's lock is never held inside this one.
+    let reserved = HostPool::global().stats().reserved;
+    let mut h = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+    f(&mut h);
+    h.peak = h.peak.max(h.pool + h.outputs + h.adopted);
+    h.peak_reserved = h.peak_reserved.max(reserved + h.outputs + h.adopted);
+}
+
+extern "C" fn api_adopted(bytes: isize) {
+    held(|h| h.adopted = h.adopted.saturating_add_signed(bytes));
+}
+
 /// Says once, on the device's first use, which PJRT platform backs it (`TPUK_QUIET=1`: never).
 fn announce() {
     static DONE: std::sync::Once = std::sync::Once::new();
@@ -225,6 +256,8 @@ extern "C" fn api_alloc(n: usize, ctx: *mut *mut c_void) -> *mut c_void {
     announce();
     match HostPool::global().allocate(n) {
         Ok(block) => {
+            let size = block.size();
+            held(|h| h.pool += size);
             let data = block.as_ptr().cast::<c_void>();
             // SAFETY: the shim passes a valid out-pointer.
             unsafe { *ctx = Box::into_raw(Box::new(block)).cast() };
@@ -244,6 +277,8 @@ extern "C" fn api_free(ctx: *mut c_void) {
     // SAFETY: `ctx` is the `Box<HostBlock>` that `api_alloc` handed out for this DataPtr; the
     // shim's DataPtr calls this deleter exactly once, when the storage dies.
     let block = unsafe { Box::from_raw(ctx.cast::<HostBlock>()) };
+    let size = block.size();
+    held(|h| h.pool = h.pool.saturating_sub(size));
     HostPool::global().free(*block);
 }
 
@@ -255,7 +290,10 @@ extern "C" fn api_release(handle: *mut c_void) {
     }
     // SAFETY: `handle` is the `Box<Buffer>` `api_call` handed out with an output; the shim's
     // DataPtr calls this deleter exactly once.
-    drop(unsafe { Box::from_raw(handle.cast::<Buffer>()) });
+    let buffer = unsafe { Box::from_raw(handle.cast::<Buffer>()) };
+    let size = buffer.byte_size();
+    held(|h| h.outputs = h.outputs.saturating_sub(size));
+    drop(buffer);
 }
 
 // ----- plans -----
@@ -575,6 +613,8 @@ fn fill_output(key: &str, k: usize, buffer: Buffer, out: &mut TpukOut) -> Result
             .cast::<c_void>()
     };
     out.data = data;
+    let size = buffer.byte_size();
+    held(|h| h.outputs += size);
     out.handle = Box::into_raw(Box::new(buffer)).cast();
     Ok(())
 }
@@ -837,9 +877,40 @@ fn check(
                     "{who}: output {i} has {nan} NaN and {inf} Inf values from finite inputs"
                 ));
             }
+            if inf > 0 {
+                // Often meant (a log of zero): reported once per op and line, as
+                // `substitute("debug")` does, not raised.
+                warn_inf(
+                    &format!("{who}: output {i} has {inf} Inf values from finite inputs"),
+                    name,
+                )?;
+            }
         }
     }
     Ok(())
+}
+
+/// Inf from finite inputs: a `RuntimeWarning` once per op and user line (an error when a
+/// warnings filter turns it into one).
+fn warn_inf(message: &str, op: &str) -> Result<(), String> {
+    static WARNED: Mutex<Option<std::collections::HashSet<(String, String)>>> = Mutex::new(None);
+    let line = user_line().unwrap_or_default();
+    {
+        let mut warned = WARNED.lock().unwrap_or_else(PoisonError::into_inner);
+        if !warned.get_or_insert_with(Default::default).insert((op.to_owned(), line.clone())) {
+            return Ok(());
+        }
+    }
+    let at = if line.is_empty() { String::new() } else { format!(" (at {line})") };
+    let text =
+        format!("tpu debug mode: {message}{at}; debug mode reports this once per op and line");
+    let c_text = std::ffi::CString::new(text.clone()).unwrap_or_default();
+    Python::try_attach(|py| {
+        let warning = py.get_type::<pyo3::exceptions::PyRuntimeWarning>();
+        // Raised as the check's error, which adds the prefix and the line itself.
+        PyErr::warn(py, &warning, &c_text, 1).map_err(|_| message.to_owned())
+    })
+    .unwrap_or(Ok(()))
 }
 
 /// `file:line` of the innermost Python frame outside torch and tpu_kernels, when there is one.
@@ -1017,11 +1088,23 @@ pub(crate) fn device_tpu_probe(py: Python<'_>) -> String {
 pub(crate) fn device_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     let s = HostPool::global().stats();
+    let (pool, outputs, adopted, peak, peak_reserved) = {
+        let h = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+        (h.pool, h.outputs, h.adopted, h.peak, h.peak_reserved)
+    };
     let mem = PyDict::new(py);
-    mem.set_item("allocated_bytes", s.allocated)?;
-    mem.set_item("peak_allocated_bytes", s.peak_allocated)?;
-    mem.set_item("reserved_bytes", s.reserved)?;
-    mem.set_item("peak_reserved_bytes", s.peak_reserved)?;
+    // Every byte tensors on the device hold, whoever allocated it.
+    mem.set_item("allocated_bytes", pool + outputs + adopted)?;
+    mem.set_item("peak_allocated_bytes", peak)?;
+    mem.set_item("reserved_bytes", s.reserved + outputs + adopted)?;
+    mem.set_item("peak_reserved_bytes", peak_reserved.max(s.reserved + outputs + adopted))?;
+    mem.set_item("kernel_output_bytes", outputs)?;
+    mem.set_item("fallback_result_bytes", adopted)?;
+    // The caching allocator's own figures.
+    mem.set_item("pool_allocated_bytes", s.allocated)?;
+    mem.set_item("pool_peak_allocated_bytes", s.peak_allocated)?;
+    mem.set_item("pool_reserved_bytes", s.reserved)?;
+    mem.set_item("pool_peak_reserved_bytes", s.peak_reserved)?;
     mem.set_item("cached_bytes", s.cached)?;
     mem.set_item("cache_limit_bytes", s.limit)?;
     mem.set_item("allocs", s.allocs)?;
@@ -1063,6 +1146,10 @@ pub(crate) fn device_empty_cache() {
 #[pyfunction]
 pub(crate) fn device_reset_peaks() {
     HostPool::global().reset_peaks();
+    let reserved = HostPool::global().stats().reserved;
+    let mut h = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+    h.peak = h.pool + h.outputs + h.adopted;
+    h.peak_reserved = reserved + h.outputs + h.adopted;
 }
 
 pub(crate) fn register(m: &pyo3::Bound<'_, PyModule>) -> PyResult<()> {

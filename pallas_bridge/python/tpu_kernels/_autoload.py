@@ -15,13 +15,12 @@ import warnings
 def load() -> None:
     if os.environ.get("TPUK_DEVICE", "1") == "0":
         return
-    from .errors import RuntimeUnavailableError
-
     try:
         from . import device  # noqa: F401  (registers the device)
-    except RuntimeUnavailableError as e:
+    except Exception as e:
         # A TPU the user required is missing: `import torch` fails with the reason. Anything
-        # else (the shim not built for this torch) leaves torch usable, with a warning.
+        # else (the shim not built, or built for another torch or runtime) must not break
+        # torch: it stays usable, with a warning that says why the device is not there.
         if os.environ.get("TPUK_REQUIRE_TPU") == "1":
             raise
-        warnings.warn(f"the tpu device is not available: {e}", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"the tpu device is not available: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)

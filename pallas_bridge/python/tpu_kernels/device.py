@@ -431,8 +431,13 @@ def _install() -> None:
                 f"the tpu device's C++ shim was built against torch {_device.TORCH_VERSION}, but torch "
                 f"{torch.__version__} is imported; rebuild it (scripts/dev builds it)"
             )
+        try:
+            _device.install(_native.device_api())
+        except RuntimeError as e:
+            raise RuntimeUnavailableError(
+                f"the tpu device's C++ shim does not fit this package's runtime: {e}; scripts/dev builds both"
+            ) from e
         torch.utils.rename_privateuse1_backend(NAME)
-        _device.install(_native.device_api())
         module = _make_module()
         module._tpu_kernels = True
         torch._register_device_module(NAME, module)
