@@ -802,6 +802,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", tpu_convolution);
   m.impl("convolution_backward_overrideable", tpu_convolution_backward);
   m.impl("histc", tpu_histc);
+  // PyTorch's generic kernel for a backend of its own (CompositeExplicitAutogradNonFunctional)
+  // writes into a 0-dim out= tensor that the CPU kernel then resizes, with a deprecation
+  // warning on every call: the fallback runs the CPU's functional kernel instead.
+  m.impl("mse_loss", torch::CppFunction::makeFromBoxedFunction<&counted_fallback>());
 }
 
 // Autocast on the device (`torch.autocast("tpu", dtype=torch.bfloat16)`) follows the policy

@@ -508,3 +508,19 @@ def test_a_device_that_cannot_load_leaves_torch_usable():
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "the tpu device is not available: RuntimeUnavailableError: the tpu device's C++ shim" in r.stdout
+
+
+def test_mse_loss_on_the_device_warns_nothing():
+    import warnings
+
+    a = torch.randn(2, 3, 4, 4, requires_grad=True)
+    b = torch.randn(2, 3, 4, 4)
+    at = a.detach().to("tpu").requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss = torch.nn.functional.mse_loss(at, b.to("tpu"))
+        loss.backward()
+    ref = torch.nn.functional.mse_loss(a, b)
+    ref.backward()
+    torch.testing.assert_close(loss.detach().cpu(), ref.detach())
+    torch.testing.assert_close(at.grad.cpu(), a.grad)
