@@ -270,13 +270,20 @@ extern "C" fn api_alloc(n: usize, ctx: *mut *mut c_void) -> *mut c_void {
     }
 }
 
+/// Takes back an owner this module boxed for one of the shim's DataPtrs (a pool block, a kernel
+/// output): `None` for a null context.
+///
+/// # Safety
+/// `ctx` is null or the `Box<T>` handed to the shim with a DataPtr, whose deleter calls this
+/// exactly once, when the storage dies.
+unsafe fn reclaim<T>(ctx: *mut c_void) -> Option<Box<T>> {
+    // SAFETY: the caller's contract: a `Box<T>` leaked for this DataPtr, reclaimed once.
+    (!ctx.is_null()).then(|| unsafe { Box::from_raw(ctx.cast::<T>()) })
+}
+
 extern "C" fn api_free(ctx: *mut c_void) {
-    if ctx.is_null() {
-        return;
-    }
-    // SAFETY: `ctx` is the `Box<HostBlock>` that `api_alloc` handed out for this DataPtr; the
-    // shim's DataPtr calls this deleter exactly once, when the storage dies.
-    let block = unsafe { Box::from_raw(ctx.cast::<HostBlock>()) };
+    // SAFETY: the context of a pool block's DataPtr is the `Box<HostBlock>` `api_alloc` made.
+    let Some(block) = (unsafe { reclaim::<HostBlock>(ctx) }) else { return };
     let size = block.size();
     held(|h| h.pool = h.pool.saturating_sub(size));
     HostPool::global().free(*block);
@@ -285,15 +292,10 @@ extern "C" fn api_free(ctx: *mut c_void) {
 // ----- kernel outputs -----
 
 extern "C" fn api_release(handle: *mut c_void) {
-    if handle.is_null() {
-        return;
-    }
-    // SAFETY: `handle` is the `Box<Buffer>` `api_call` handed out with an output; the shim's
-    // DataPtr calls this deleter exactly once.
-    let buffer = unsafe { Box::from_raw(handle.cast::<Buffer>()) };
+    // SAFETY: a kernel output's handle is the `Box<Buffer>` `fill_output` made.
+    let Some(buffer) = (unsafe { reclaim::<Buffer>(handle) }) else { return };
     let size = buffer.byte_size();
     held(|h| h.outputs = h.outputs.saturating_sub(size));
-    drop(buffer);
 }
 
 // ----- plans -----
