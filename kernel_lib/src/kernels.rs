@@ -560,11 +560,12 @@ fn one_minus_pow<'b>(beta: f64, step: Tensor<'b>) -> Tensor<'b> {
 /// step does not recompile): `p *= 1 - lr * weight_decay`; `m = beta1 * m + (1 - beta1) * g`;
 /// `v = beta2 * v + (1 - beta2) * g²`; `p -= lr / (1 - beta1^t) * m / (sqrt(v) /
 /// sqrt(1 - beta2^t) + eps)`. Computed in f32 for 16-bit tensors (`param`, `grad`, `exp_avg`,
-/// `exp_avg_sq` share one element type and one shape). `param`, `exp_avg` and `exp_avg_sq` are
-/// marked for donation to outputs 0, 1 and 2 (`tf.aliasing_output`): an execution given owned
-/// buffers would update them in place. No user path does yet: the dispatcher passes borrowed
-/// buffers, so the state is copied every step. Inputs no AdamW state has are clamped so the update stays finite: a
-/// `step` below 1 counts as 1, a negative `exp_avg_sq` as 0.
+/// `exp_avg_sq` share one element type and one shape). It updates `param`, `exp_avg` and
+/// `exp_avg_sq` in place (`mutates`): the op `tpuk::adamw_step` takes them as `Tensor(a!)` and
+/// returns nothing, and its module donates them to outputs 0, 1 and 2 (`tf.aliasing_output`),
+/// so an eager call writes the new state into the tensors' own memory with no copy. Inputs no
+/// AdamW state has are clamped so the update stays finite: a `step` below 1 counts as 1, a
+/// negative `exp_avg_sq` as 0.
 #[tpu_kernel(
     op = "tpuk::adamw_step",
     dtypes = [f32, bf16, f16],
@@ -572,6 +573,7 @@ fn one_minus_pow<'b>(beta: f64, step: Tensor<'b>) -> Tensor<'b> {
     defaults(lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2),
     cache_key = [lr, beta1, beta2, eps, weight_decay],
     output = [same_as(param), same_as(param), same_as(param)],
+    mutates = [param, exp_avg, exp_avg_sq],
     canonical = [
         "f32[8,128], f32[8,128], f32[8,128], f32[8,128], f32[]",
         "bf16[4,256], bf16[4,256], bf16[4,256], bf16[4,256], f32[]",
@@ -603,10 +605,6 @@ pub fn adamw_step(
             let message = format!("{name} {} and param {} differ in shape", t.ty(), param.ty());
             return Err(shape_error(KERNEL, KERNEL, message));
         }
-    }
-    let b = param.builder();
-    for (arg, out) in [(0, 0), (2, 1), (3, 2)] {
-        b.set_param_attr(arg, "tf.aliasing_output", &format!("{out} : i32"))?;
     }
     let (p, g, m, v) = (upcast(param), upcast(grad), upcast(exp_avg), upcast(exp_avg_sq));
     // Out of AdamW's domain only: no state has a step below 1 or a negative second moment.

@@ -454,7 +454,8 @@ fn emit_text(
 /// `output` (`{"rule": "specs", "specs": [...]}` with each spec `{"same_as": i}`,
 /// `{"reduced": {"input", "dim"}}` or `{"shape": {"dtype": {"of": i} or {"fixed": dtype},
 /// "dims": [{"of": {"input", "dim"}} or {"static": n}]}}`; or `{"rule": "fn"}` / `{"rule":
-/// "build"}`, whose types come from `output_types`), `backward` (a name or null) and `doc`.
+/// "build"}`, whose types come from `output_types`), `backward` (a name or null), `mutates`
+/// (the inputs updated in place; only when there are any) and `doc`.
 ///
 /// # Safety
 /// `out` must be null or valid for one pointer write.
@@ -788,6 +789,10 @@ fn kernel_json(out: &mut String, k: &KernelRegistration) {
     }
     out.push_str(", \"backward\": ");
     json_opt_str(out, k.backward);
+    if !k.mutates.is_empty() {
+        out.push_str(", \"mutates\": ");
+        json_strs(out, k.mutates);
+    }
     out.push_str(", \"doc\": ");
     json_str(out, k.doc);
     out.push('}');

@@ -489,6 +489,11 @@ pub struct KernelRegistration {
     /// The kernel that computes this one's gradient, by name (checked when the registry is
     /// built).
     pub backward: Option<&'static str>,
+    /// Tensor inputs the kernel updates in place, by name: output `k` is the new value of input
+    /// `mutates[k]`, and the module marks that input for donation to it
+    /// (`tf.aliasing_output = k`). The op it defines takes them as `Tensor(a!)` and does not
+    /// return them.
+    pub mutates: &'static [&'static str],
     pub doc: &'static str,
     /// The Rust module that defined the kernel (`module_path!()`, which `#[tpu_kernel]`
     /// records): which crate a registration belongs to, for kernel libraries. Empty for a
@@ -562,6 +567,7 @@ impl KernelRegistration {
             source,
             output: OutputRule::Build,
             backward: None,
+            mutates: &[],
             doc: "",
             module: "",
         }
@@ -613,6 +619,17 @@ impl KernelRegistration {
 
     pub const fn backward(self, kernel: &'static str) -> Self {
         KernelRegistration { backward: Some(kernel), ..self }
+    }
+
+    /// The inputs updated in place (see [`Self::mutates`]).
+    pub const fn mutates(self, mutates: &'static [&'static str]) -> Self {
+        KernelRegistration { mutates, ..self }
+    }
+
+    /// Positions of the inputs updated in place, in output order (`[i]` for output 0 first);
+    /// an error names a `mutates` entry that is not a tensor input, or one given twice.
+    pub fn mutated_inputs(&self) -> Result<Vec<usize>, String> {
+        mutated_positions(self.name, self.inputs, self.mutates.iter().copied())
     }
 
     pub const fn doc(self, doc: &'static str) -> Self {
@@ -731,12 +748,12 @@ impl KernelRegistration {
     /// kernel, its CPU twin). Imported kernels have no builder: this is an error naming the
     /// kernel; use [`Self::imported_module`].
     pub fn emit(&self, sig: &KernelSignature) -> Result<Module, BuildError> {
-        match self.source {
-            KernelSource::Built(build) => build(sig),
+        let mut module = match self.source {
+            KernelSource::Built(build) => build(sig)?,
             KernelSource::Tiled { kernel, .. } => {
                 let k = kernel(sig)?;
                 let outputs = self.tiled_output_types(sig)?;
-                crate::mosaic::cpu_twin_for(&k, &sig.inputs, &outputs)
+                crate::mosaic::cpu_twin_for(&k, &sig.inputs, &outputs)?
             }
             KernelSource::Imported { .. } => Err(BuildError {
                 kernel: self.name.to_owned(),
@@ -745,8 +762,18 @@ impl KernelRegistration {
                 message: "an imported kernel is not built: inline its module text \
                           (`imported_module`)"
                     .to_owned(),
-            }),
+            })?,
+        };
+        if !self.mutates.is_empty() {
+            let mutated = self.mutated_inputs().map_err(|message| BuildError {
+                kernel: self.name.to_owned(),
+                op: "mutates",
+                kind: crate::ErrorKind::Symbol,
+                message,
+            })?;
+            mark_donations(self.name, &mut module, &mutated)?;
         }
+        Ok(module)
     }
 
     /// The module text for `sig` on `platform`: for a tiled kernel on a TPU, the StableHLO
@@ -761,12 +788,26 @@ impl KernelRegistration {
             (KernelSource::Tiled { kernel, .. }, Platform::Tpu) => {
                 let k = kernel(sig)?;
                 let outputs = self.tiled_output_types(sig)?;
-                Ok(crate::mosaic::custom_call_module_for(
+                let mut text = crate::mosaic::custom_call_module_for(
                     &k,
                     crate::mosaic::Form::Shipped,
                     &sig.inputs,
                     &outputs,
-                ))
+                );
+                // In-place inputs are donated at `@main` as in the CPU twin (the kernel's own
+                // `aliases` make the custom call write its operand's buffer).
+                let mutated = self.mutated_inputs().map_err(|message| BuildError {
+                    kernel: self.name.to_owned(),
+                    op: "mutates",
+                    kind: crate::ErrorKind::Symbol,
+                    message,
+                })?;
+                for (out, &arg) in mutated.iter().enumerate() {
+                    let param = format!("%arg{arg}: {}", sig.inputs[arg]);
+                    let marked = format!("{param} {{tf.aliasing_output = {out} : i32}}");
+                    text = text.replacen(&param, &marked, 1);
+                }
+                Ok(text)
             }
             _ => self.emit(sig).map(|m| m.to_text()),
         }
@@ -835,6 +876,76 @@ impl KernelRegistration {
             }
         }
     }
+}
+
+/// Positions in `inputs` of the names in `mutates`, in order: the inputs whose new values are
+/// outputs `0..`. An error names an entry that is not an input, or one given twice.
+pub fn mutated_positions<'n>(
+    kernel: &str,
+    inputs: &[&str],
+    mutates: impl IntoIterator<Item = &'n str>,
+) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for name in mutates {
+        let Some(i) = inputs.iter().position(|n| *n == name) else {
+            return Err(format!(
+                "kernel `{kernel}` mutates `{name}`, which is not one of its tensor inputs ({})",
+                inputs.join(", ")
+            ));
+        };
+        if out.contains(&i) {
+            return Err(format!("kernel `{kernel}` lists `{name}` twice in `mutates`"));
+        }
+        out.push(i);
+    }
+    Ok(out)
+}
+
+/// Marks each input in `mutated` (positions, in output order) for donation to its output:
+/// `tf.aliasing_output = k` on `@main`'s parameter `mutated[k]`. The output must have the
+/// input's type; an error names the kernel, the input and both types.
+pub fn mark_donations(
+    kernel: &str,
+    module: &mut Module,
+    mutated: &[usize],
+) -> Result<(), BuildError> {
+    let Some(main) = module.functions.first_mut() else {
+        return Err(BuildError {
+            kernel: kernel.to_owned(),
+            op: "mutates",
+            kind: crate::ErrorKind::Symbol,
+            message: "the module has no @main".to_owned(),
+        });
+    };
+    for (out, &arg) in mutated.iter().enumerate() {
+        let fail = |message: String| BuildError {
+            kernel: kernel.to_owned(),
+            op: "mutates",
+            kind: crate::ErrorKind::Shape,
+            message,
+        };
+        let (Some(param), Some(result)) = (main.params.get(arg), main.results.get(out)) else {
+            return Err(fail(format!(
+                "input {arg} is updated in place as output {out}, but the module has {} inputs \
+                 and {} outputs",
+                main.params.len(),
+                main.results.len()
+            )));
+        };
+        if param != result {
+            return Err(fail(format!(
+                "input {arg} ({param}) is updated in place as output {out}, which is {result}: \
+                 an in-place update keeps the input's type"
+            )));
+        }
+        let value = format!("{out} : i32");
+        let attrs = &mut main.param_attrs[arg];
+        match attrs.iter_mut().find(|(k, _)| k == "tf.aliasing_output") {
+            Some((_, v)) => *v = value,
+            None => attrs.push(("tf.aliasing_output".to_owned(), value)),
+        }
+    }
+    Ok(())
 }
 
 /// Every registered kernel, sorted by name (inventory's own order is unspecified).

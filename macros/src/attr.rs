@@ -33,6 +33,7 @@ pub const KEYS: &[&str] = &[
     "output",
     "output_fn",
     "backward",
+    "mutates",
     "canonical",
     "import",
     "tiled",
@@ -124,6 +125,7 @@ pub struct Attrs {
     pub output: Once<(Vec<Expr>, Span)>,
     pub output_fn: Once<syn::Path>,
     pub backward: Once<(String, Span)>,
+    pub mutates: Once<(Vec<Ident>, Span)>,
     pub canonical: Once<Vec<LitStr>>,
     pub import: Once<Import>,
     /// The `tiled` key's span (where errors about the whole form point) and the contents of
@@ -154,6 +156,7 @@ impl Attrs {
             output: Once::new("output"),
             output_fn: Once::new("output_fn"),
             backward: Once::new("backward"),
+            mutates: Once::new("mutates"),
             canonical: Once::new("canonical"),
             import: Once::new("import"),
             tiled: Once::new("tiled"),
@@ -535,6 +538,32 @@ fn parse_key(
                     "expected the name of the backward kernel: `backward = my_kernel_backward`",
                 ),
             }
+        }
+        "mutates" => {
+            let expr = value_expr(input, key, path)?;
+            let span = expr.span();
+            let mut out: Vec<Ident> = Vec::new();
+            for item in expr_items(expr) {
+                match &item {
+                    Expr::Path(p) if p.path.get_ident().is_some() => {
+                        let id = p
+                            .path
+                            .get_ident()
+                            .cloned()
+                            .unwrap_or_else(|| Ident::new("_", item.span()));
+                        if out.contains(&id) {
+                            cx.error_spanned_by(&id, format!("`{id}` is listed twice"));
+                        } else {
+                            out.push(id);
+                        }
+                    }
+                    _ => cx.error_spanned_by(
+                        &item,
+                        "expected the name of a tensor input the kernel updates in place",
+                    ),
+                }
+            }
+            attrs.mutates.set(cx, path, (out, span));
         }
         "canonical" => {
             let items = expr_items(value_expr(input, key, path)?);

@@ -86,6 +86,8 @@ pub struct Model {
     pub canonical: Vec<String>,
     pub output: OutputModel,
     pub backward: Option<String>,
+    /// Tensor inputs updated in place, in output order.
+    pub mutates: Vec<String>,
     pub doc: String,
     pub import: Option<ImportModel>,
     pub krate: TokenStream,
@@ -132,6 +134,7 @@ pub fn check(cx: &mut Ctxt, attrs: &Attrs, k: &Kernel) -> Model {
 
     let mut output = check_output(cx, attrs, k, &dims);
     let import = check_import(cx, attrs, k, &mut output);
+    let mutates = check_mutates(cx, attrs, &inputs, &output);
 
     Model {
         name,
@@ -147,11 +150,62 @@ pub fn check(cx: &mut Ctxt, attrs: &Attrs, k: &Kernel) -> Model {
         canonical,
         output,
         backward: attrs.backward.get().map(|(b, _)| b.clone()),
+        mutates,
         doc: k.doc.clone(),
         import,
         krate,
         dims,
     }
+}
+
+/// `mutates = [a, b]`: tensor inputs, each updated in place by the output at its position
+/// (`a` by output 0). A kernel with a backward cannot mutate (autograd would see its inputs
+/// change under it); a declared output list must have an output for each.
+fn check_mutates(
+    cx: &mut Ctxt,
+    attrs: &Attrs,
+    inputs: &[String],
+    output: &OutputModel,
+) -> Vec<String> {
+    let Some((names, span)) = attrs.mutates.get() else { return Vec::new() };
+    let mut out = Vec::new();
+    for id in names {
+        let name = id.unraw().to_string();
+        if !inputs.contains(&name) {
+            cx.error_spanned_by(
+                id,
+                format!(
+                    "`{name}` is not a tensor input; `mutates` lists the tensor inputs the \
+                     kernel updates in place (inputs: {})",
+                    inputs.join(", ")
+                ),
+            );
+        }
+        out.push(name);
+    }
+    if let Some((b, _)) = attrs.backward.get() {
+        cx.error_at(
+            *span,
+            format!(
+                "a kernel that updates its inputs in place has no backward (`backward = {b}`): \
+                 autograd needs the inputs it saved unchanged"
+            ),
+        );
+    }
+    if let OutputModel::Specs(specs) = output
+        && specs.len() < out.len()
+    {
+        cx.error_at(
+            *span,
+            format!(
+                "`mutates` lists {} inputs but `output` has {} outputs: output k is the new \
+                 value of the k-th mutated input",
+                out.len(),
+                specs.len()
+            ),
+        );
+    }
+    out
 }
 
 fn static_value_text(kind: StaticType, expr: &Expr) -> Option<String> {

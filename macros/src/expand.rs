@@ -218,6 +218,10 @@ fn record(k: &Kernel, m: &Model, p: &TokenStream, base: Option<TokenStream>) -> 
             r.extend(quote!(.output(#p::OutputRule::Specs(&[#(#specs),*]))));
         }
     }
+    if !m.mutates.is_empty() {
+        let mutates = strs(&m.mutates);
+        r.extend(quote!(.mutates(#mutates)));
+    }
     if let Some(b) = &m.backward {
         r.extend(quote!(.backward(#b)));
     }

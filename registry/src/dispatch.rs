@@ -19,7 +19,7 @@ use tpu_kernels::{BuildError, DType, TensorType};
 use crate::cache::CompileCache;
 use crate::index::{CallMeta, Kernel, NoKernel, Registry, normalize_op, platform_from_name};
 use crate::pjrt::{
-    self, Buffer, Client, CompileOptions, ElementType, HostInput, LoadedExecutable, Program,
+    self, Buffer, Client, CompileOptions, ElementType, HostInput, Input, LoadedExecutable, Program,
 };
 
 /// The PJRT element type of a dtype (`None` for the fp8 types, which PJRT buffers here do not
@@ -333,6 +333,11 @@ pub struct OpStats {
     pub last_fallback_seq: u64,
     /// Kernels that ran, with counts.
     pub kernels: BTreeMap<String, u64>,
+    /// Inputs an in-place call updated in their own memory (donated to the program).
+    pub updated_in_place: u64,
+    /// Inputs an in-place call updated through a copy of the new value (memory the runtime
+    /// could not alias, or an input sharing memory with another).
+    pub updated_by_copy: u64,
 }
 
 /// A snapshot of the dispatcher's counters.
@@ -463,6 +468,206 @@ impl Dispatcher {
                 Err(self.fall_back(&prepared.op, Some(prepared.kernel.name().to_owned()), reason))
             }
         }
+    }
+
+    /// Runs `op` on `inputs` like [`Self::call`], updating in place the inputs the selected
+    /// kernel mutates (its `mutates`): their memory is donated to the program, which writes
+    /// the new values there (`tf.aliasing_output`), or, where the runtime cannot alias it, the
+    /// new values are copied in. Returns the kernel's other outputs.
+    ///
+    /// `lent` lists the inputs the caller lends for writing, in the kernel's output order; a
+    /// kernel that mutates other inputs falls back (nothing is written). Mutated inputs that
+    /// share memory with each other fall back too; one that shares memory with a read-only
+    /// input is updated through a copy, after the program has read every input.
+    ///
+    /// # Safety
+    /// For each position in `lent`, `inputs[i].data` is memory the caller may write: valid for
+    /// the call, and not read or written by anyone else during it (other inputs excepted).
+    pub unsafe fn call_in_place(
+        &self,
+        op: &str,
+        inputs: &[HostTensor<'_>],
+        statics: &[(&'static str, StaticValue)],
+        lent: &[usize],
+    ) -> Result<Vec<Buffer>, DispatchError> {
+        let prepared = match self.prepared(op, inputs, statics) {
+            Ok(p) => p,
+            Err((op, kernel, reason)) => return Err(self.fall_back(&op, kernel, reason)),
+        };
+        let start = Instant::now();
+        // SAFETY: the caller lends the memory of `lent`, as `execute_in_place` requires.
+        let result = unsafe { self.execute_in_place(&prepared, inputs, lent) };
+        self.kernel_nanos.fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match result {
+            Ok((out, in_place, by_copy)) => {
+                let kernel = prepared.kernel.name();
+                self.count(&prepared.op, |s| {
+                    s.calls += 1;
+                    s.substituted += 1;
+                    s.updated_in_place += in_place;
+                    s.updated_by_copy += by_copy;
+                    *s.kernels.entry(kernel.to_owned()).or_default() += 1;
+                });
+                Ok(out)
+            }
+            Err(reason) => {
+                Err(self.fall_back(&prepared.op, Some(prepared.kernel.name().to_owned()), reason))
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`Self::call_in_place`].
+    unsafe fn execute_in_place(
+        &self,
+        prepared: &Prepared,
+        inputs: &[HostTensor<'_>],
+        lent: &[usize],
+    ) -> Result<(Vec<Buffer>, u64, u64), FallbackReason> {
+        let kernel = prepared.kernel.name();
+        let mutated = prepared.kernel.record.mutated_inputs().map_err(FallbackReason::BadInput)?;
+        if mutated != lent {
+            return Err(FallbackReason::BadInput(format!(
+                "kernel `{kernel}` updates inputs {mutated:?} in place, the call lends {lent:?}"
+            )));
+        }
+        let span = |t: &HostTensor<'_>| {
+            let start = t.data.as_ptr() as usize;
+            (start, start + t.data.len())
+        };
+        let overlaps = |a: (usize, usize), b: (usize, usize)| a.0 < b.1 && b.0 < a.1;
+        // A mutated input that shares memory with a read-only one is not donated: the program
+        // would overwrite what it still reads. Two mutated inputs sharing memory is no update.
+        let mut donate = vec![false; inputs.len()];
+        for &i in &mutated {
+            let t = inputs.get(i).ok_or_else(|| {
+                FallbackReason::BadInput(format!(
+                    "kernel `{kernel}` mutates input {i}, the call has {}",
+                    inputs.len()
+                ))
+            })?;
+            donate[i] = true;
+            for (j, other) in inputs.iter().enumerate() {
+                if j == i || t.data.is_empty() || other.data.is_empty() {
+                    continue;
+                }
+                if overlaps(span(t), span(other)) {
+                    if mutated.contains(&j) {
+                        return Err(FallbackReason::BadInput(format!(
+                            "inputs {i} and {j}, both updated in place, share memory"
+                        )));
+                    }
+                    donate[i] = false;
+                }
+            }
+        }
+        let mut loans = Vec::new();
+        let mut lent_buffers: Vec<Option<Buffer>> = Vec::with_capacity(inputs.len());
+        for (i, t) in inputs.iter().enumerate() {
+            let mut buffer = None;
+            if donate[i] {
+                let (element, dims) = pjrt_shape(t.ty)
+                    .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
+                // SAFETY: the caller lends input `i`'s memory (it is in `lent`), and no other
+                // input shares it (checked above).
+                let loan = unsafe {
+                    self.client.lend_host_memory(
+                        t.data.as_ptr().cast_mut(),
+                        t.data.len(),
+                        element,
+                        &dims,
+                    )
+                }
+                .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
+                if let Some((b, loan)) = loan {
+                    buffer = Some(b);
+                    loans.push(loan);
+                }
+            }
+            lent_buffers.push(buffer);
+        }
+        let mut held = Vec::with_capacity(inputs.len());
+        for (i, t) in inputs.iter().enumerate() {
+            if lent_buffers[i].is_some() {
+                continue;
+            }
+            let input = pjrt_shape(t.ty)
+                .and_then(|(element, dims)| {
+                    self.views
+                        .input(&self.client, t.data, element, &dims)
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
+            held.push(input);
+        }
+        let mut held_iter = held.iter();
+        let mut args = Vec::with_capacity(inputs.len());
+        for b in &mut lent_buffers {
+            match b.take() {
+                Some(b) => args.push(Input::Donated(b)),
+                None => {
+                    args.push(Input::Borrowed(held_iter.next().map(|h| &**h).ok_or_else(|| {
+                        FallbackReason::BadInput("an input has no buffer".to_owned())
+                    })?))
+                }
+            }
+        }
+        if let Some(message) = crate::fault::kernel_run(kernel) {
+            return Err(FallbackReason::Execute(message));
+        }
+        let mut outputs = prepared
+            .executable
+            .execute_with(args)
+            .map_err(|e| FallbackReason::Execute(e.to_string()))?;
+        drop(held);
+        if outputs.len() < mutated.len() {
+            return Err(FallbackReason::Execute(format!(
+                "kernel `{kernel}` returned {} outputs for {} inputs updated in place",
+                outputs.len(),
+                mutated.len()
+            )));
+        }
+        let rest = outputs.split_off(mutated.len());
+        let (mut in_place, mut by_copy) = (0, 0);
+        for (out, &i) in outputs.iter().zip(&mutated) {
+            let target = inputs[i].data;
+            let landed = out
+                .read_in_place(|bytes| {
+                    if bytes.as_ptr() == target.as_ptr() {
+                        return Ok(true);
+                    }
+                    if bytes.len() != target.len() {
+                        return Err(format!(
+                            "output for input {i} has {} bytes, the input {}",
+                            bytes.len(),
+                            target.len()
+                        ));
+                    }
+                    // SAFETY: the caller lends `target` for writing; the output is a distinct
+                    // allocation of the same length.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            bytes.as_ptr(),
+                            target.as_ptr().cast_mut(),
+                            bytes.len(),
+                        );
+                    }
+                    Ok(false)
+                })
+                .map_err(|e| FallbackReason::Execute(e.to_string()))?
+                .map_err(FallbackReason::Execute)?;
+            if landed {
+                in_place += 1;
+            } else {
+                by_copy += 1;
+            }
+        }
+        // The outputs aliasing lent memory go first; then the runtime releases the memory.
+        drop(outputs);
+        for loan in loans {
+            loan.wait().map_err(|e| FallbackReason::Execute(e.to_string()))?;
+        }
+        Ok((rest, in_place, by_copy))
     }
 
     fn execute(

@@ -334,6 +334,8 @@ struct KernelDesc {
     source: SourceDesc,
     output: OutputDesc,
     backward: Option<String>,
+    #[serde(default)]
+    mutates: Vec<String>,
     doc: String,
 }
 
@@ -607,6 +609,7 @@ fn record_of(d: &KernelDesc) -> Result<KernelRegistration, String> {
         .priority(d.priority)
         .canonical(leak_strs(&d.canonical))
         .output(output)
+        .mutates(leak_strs(&d.mutates))
         .doc(leak_str(&d.doc));
     if let Some(backward) = &d.backward {
         record = record.backward(leak_str(backward));

@@ -205,3 +205,127 @@ fn a_reused_input_address_reads_the_memory_as_it_is_at_each_call() {
         assert_close(&format!("silu round {round}"), &out, &want, Tolerance::abs(1e-5));
     }
 }
+
+/// `bytes` copied to a 64-byte aligned place in a fresh vector (the runtime aliases only
+/// aligned host memory), or, with `misalign`, 4 bytes past one; the vector and the offset.
+fn placed(bytes: &[u8], misalign: bool) -> (Vec<u8>, usize) {
+    let mut v = vec![0u8; bytes.len() + 128];
+    let base = v.as_ptr() as usize;
+    let offset = base.next_multiple_of(64) - base + if misalign { 4 } else { 0 };
+    v[offset..offset + bytes.len()].copy_from_slice(bytes);
+    (v, offset)
+}
+
+fn floats(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// AdamW's state is updated where it lies: the program writes into the caller's memory
+/// (donated), the addresses do not move, and the values are those of the functional call.
+#[test]
+fn in_place_kernels_write_the_callers_memory() {
+    let Some(d) = dispatcher() else { return };
+    let n = 8 * 128;
+    let ty = f32_ty(&[8, 128]);
+    let step_ty = f32_ty(&[]);
+    let state: Vec<Vec<u8>> = (0..4)
+        .map(|i| {
+            let v = data(n, 40 + i);
+            bytes(&if i == 3 { v.iter().map(|x| x.abs()).collect() } else { v })
+        })
+        .collect();
+    let step = bytes(&[3.0]);
+    fn with_step<'a>(
+        s: &[&'a [u8]],
+        ty: &'a TensorType,
+        step_ty: &'a TensorType,
+        step: &'a [u8],
+    ) -> Vec<HostTensor<'a>> {
+        let mut h: Vec<HostTensor<'a>> =
+            s.iter().map(|data| HostTensor { ty, data, contiguous: true }).collect();
+        h.push(HostTensor { ty: step_ty, data: step, contiguous: true });
+        h
+    }
+    let plain: Vec<&[u8]> = state.iter().map(Vec::as_slice).collect();
+    let want: Vec<Vec<f32>> = d
+        .call("tpuk::adamw_step", &with_step(&plain, &ty, &step_ty, &step), &[])
+        .expect("functional call")
+        .iter()
+        .map(|b| b.to_vec::<f32>().expect("f32"))
+        .collect();
+    assert_eq!(floats(&state[0]), floats(plain[0]), "a functional call leaves its inputs");
+
+    for misalign in [false, true] {
+        let mut placed: Vec<(Vec<u8>, usize)> = state.iter().map(|s| placed(s, misalign)).collect();
+        let views: Vec<&[u8]> = placed.iter().map(|(v, o)| &v[*o..*o + 4 * n]).collect();
+        let before: Vec<usize> = views.iter().map(|v| v.as_ptr() as usize).collect();
+        let before_stats = d.stats().ops["tpuk::adamw_step.default"].clone();
+        // SAFETY: the lent inputs (0, 2, 3) are this test's own vectors, unused meanwhile.
+        let rest = unsafe {
+            d.call_in_place(
+                "tpuk::adamw_step",
+                &with_step(&views, &ty, &step_ty, &step),
+                &[],
+                &[0, 2, 3],
+            )
+        }
+        .expect("in-place call");
+        assert!(rest.is_empty(), "every output of adamw_step is an in-place update");
+        let stats = d.stats().ops["tpuk::adamw_step.default"].clone();
+        let (in_place, by_copy) = (
+            stats.updated_in_place - before_stats.updated_in_place,
+            stats.updated_by_copy - before_stats.updated_by_copy,
+        );
+        if misalign {
+            assert_eq!((in_place, by_copy), (0, 3), "unaligned memory is updated by a copy");
+        } else {
+            assert_eq!((in_place, by_copy), (3, 0), "aligned memory is donated");
+        }
+        let after: Vec<usize> = placed.iter().map(|(v, o)| v[*o..].as_ptr() as usize).collect();
+        assert_eq!(before, after);
+        for (k, i) in [0usize, 2, 3].into_iter().enumerate() {
+            let (v, o) = &mut placed[i];
+            assert_eq!(floats(&v[*o..*o + 4 * n]), want[k], "state {i} (misaligned: {misalign})");
+        }
+        assert_eq!(floats(&placed[1].0[placed[1].1..placed[1].1 + 4 * n]), floats(&state[1]));
+    }
+
+    // The parameter passed again as the gradient: read-only memory the program reads is not
+    // donated; the update is copied in after the run, and equals the functional result.
+    let (p, po) = placed(&state[0], false);
+    let (m, mo) = placed(&state[2], false);
+    let (v, vo) = placed(&state[3], false);
+    let shared: Vec<&[u8]> =
+        vec![&p[po..po + 4 * n], &p[po..po + 4 * n], &m[mo..mo + 4 * n], &v[vo..vo + 4 * n]];
+    let want: Vec<Vec<f32>> = d
+        .call("tpuk::adamw_step", &with_step(&shared, &ty, &step_ty, &step), &[])
+        .expect("functional call")
+        .iter()
+        .map(|b| b.to_vec::<f32>().expect("f32"))
+        .collect();
+    let before = d.stats().ops["tpuk::adamw_step.default"].updated_by_copy;
+    // SAFETY: as above; input 1 aliases input 0, which the dispatcher must notice.
+    unsafe {
+        d.call_in_place(
+            "tpuk::adamw_step",
+            &with_step(&shared, &ty, &step_ty, &step),
+            &[],
+            &[0, 2, 3],
+        )
+    }
+    .expect("in-place call");
+    assert_eq!(d.stats().ops["tpuk::adamw_step.default"].updated_by_copy - before, 1);
+    assert_eq!(floats(&p[po..po + 4 * n]), want[0]);
+
+    // Lending other inputs than the kernel updates is refused before anything is written.
+    let (p2, o2) = placed(&state[0], false);
+    let views: Vec<&[u8]> =
+        vec![&p2[o2..o2 + 4 * n], plain[1], &m[mo..mo + 4 * n], &v[vo..vo + 4 * n]];
+    // SAFETY: as above.
+    let err = unsafe {
+        d.call_in_place("tpuk::adamw_step", &with_step(&views, &ty, &step_ty, &step), &[], &[0])
+    }
+    .expect_err("a mismatched loan");
+    assert!(err.to_string().contains("updates inputs [0, 2, 3] in place"), "{err}");
+    assert_eq!(floats(&p2[o2..o2 + 4 * n]), floats(&state[0]), "nothing written");
+}

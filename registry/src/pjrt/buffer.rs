@@ -184,6 +184,20 @@ fn as_bytes<T: NativeType>(data: &[T]) -> &[u8] {
 
 const PAGE: usize = 4096;
 
+/// Host memory lent to the runtime by [`Client::lend_host_memory`]: [`HostLoan::wait`] returns
+/// once the runtime no longer uses it (every buffer aliasing it is gone).
+#[derive(Debug)]
+pub struct HostLoan {
+    done: Event,
+}
+
+impl HostLoan {
+    /// Blocks until the runtime is done with the memory.
+    pub fn wait(self) -> Result<()> {
+        self.done.wait("PJRT_Event_Await (done with lent host memory)")
+    }
+}
+
 /// Page-aligned, zero-initialized host memory for `len` values of `T`.
 ///
 /// Moved into [`Client::buffer_from_aligned`], it becomes the buffer's storage on the CPU
@@ -418,6 +432,51 @@ impl Client {
             )
         }?;
         Ok(buffer)
+    }
+
+    /// Host memory the caller lends for writing, as a buffer to donate to an execution
+    /// ([`Input::Donated`](super::Input::Donated)): an output the program aliases to it
+    /// (`tf.aliasing_output`) is written into this memory, in place (the CPU plugin's
+    /// `kMutableZeroCopy`). `Ok(None)` when the plugin cannot alias it (another platform,
+    /// unaligned or empty memory): run on a copy and write the result back instead. Wait for
+    /// the returned [`HostLoan`] after dropping every buffer of the execution that aliases the
+    /// memory; only then is the runtime done with it.
+    ///
+    /// An output that is not at `data` after the run was not aliased (the plugin may copy a
+    /// donation it cannot honour): write it back.
+    ///
+    /// # Safety
+    /// `data` points to `len` bytes that stay valid until the loan is waited for, and that
+    /// nothing else reads or writes meanwhile except through the execution.
+    pub unsafe fn lend_host_memory(
+        &self,
+        data: *mut u8,
+        len: usize,
+        ty: ElementType,
+        dims: &[i64],
+    ) -> Result<Option<(Buffer, HostLoan)>> {
+        let size = ty.size_in_bytes().ok_or_else(|| Error::HostData {
+            message: format!("cannot lend elements of type {ty}"),
+        })?;
+        let Some(needed) = element_count(dims).and_then(|n| n.checked_mul(size)) else {
+            return Err(Error::HostData { message: format!("invalid shape {dims:?}") });
+        };
+        if needed != len {
+            return Err(Error::HostData {
+                message: format!(
+                    "shape {dims:?} of {ty} needs {needed} bytes, the memory has {len}"
+                ),
+            });
+        }
+        if self.platform() != "cpu" || len == 0 || !(data as usize).is_multiple_of(VIEW_ALIGNMENT) {
+            return Ok(None);
+        }
+        let device = self.first_device()?;
+        // SAFETY: the caller keeps `len` bytes at `data` valid and otherwise untouched until the
+        // loan is waited for, as `kMutableZeroCopy` requires.
+        let (buffer, done) =
+            unsafe { self.upload(data, ty, dims, device, sys::HOST_BUFFER_MUTABLE_ZERO_COPY) }?;
+        Ok(Some((buffer, HostLoan { done })))
     }
 
     /// A buffer that reads `bytes` where they are, without a copy, when the plugin can alias

@@ -45,7 +45,7 @@ pub mod testing;
 mod topology;
 mod view;
 
-pub use buffer::{AlignedHostBuffer, Buffer, ElementType, NativeType, VIEW_ALIGNMENT};
+pub use buffer::{AlignedHostBuffer, Buffer, ElementType, HostLoan, NativeType, VIEW_ALIGNMENT};
 pub use client::{Client, ClientOptions, Device, OptionValue};
 pub use compile::{CompileOptions, DeviceAssignment, Program};
 pub use error::{Error, ErrorCode, Result, Runtime};

@@ -223,6 +223,7 @@ pub(crate) const BUFFER_TYPE_BF16: c_int = 13;
 // Host buffer semantics (`PJRT_HostBufferSemantics`).
 pub(crate) const HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL: c_int = 0;
 pub(crate) const HOST_BUFFER_IMMUTABLE_ZERO_COPY: c_int = 2;
+pub(crate) const HOST_BUFFER_MUTABLE_ZERO_COPY: c_int = 3;
 
 args!(PJRT_Client_BufferFromHostBuffer_Args {
     client: *mut PJRT_Client,
