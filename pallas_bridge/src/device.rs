@@ -325,6 +325,9 @@ enum Plan {
         output_mask: Option<usize>,
         /// Strided inputs are gathered into contiguous ones.
         copy_strided: bool,
+        /// Bound tensors the kernels update in place, in output order (an op like
+        /// `tpuk::adamw_step`, whose schema writes them): their memory is lent to the kernel.
+        lent: Vec<usize>,
     },
     /// Every call declines with this reason (the op's kernels were removed, or their binding
     /// refused).
@@ -496,12 +499,12 @@ fn call(op: u32, args: &[TpukArg], outs: &mut [TpukOut]) -> i32 {
         set_message(format!("the tpu device has no op #{op}"));
         return ERROR;
     };
-    let (key, variants, output_mask, copy_strided) = match &*plan {
+    let (key, variants, output_mask, copy_strided, lent) = match &*plan {
         Plan::Declined { key, category, reason } => {
             return decline(key, category, reason.clone());
         }
-        Plan::Kernels { key, variants, output_mask, copy_strided } => {
-            (key.as_str(), variants, *output_mask, *copy_strided)
+        Plan::Kernels { key, variants, output_mask, copy_strided, lent } => {
+            (key.as_str(), variants, *output_mask, *copy_strided, lent)
         }
     };
     let bound = match bind(key, variants, args) {
@@ -517,11 +520,25 @@ fn call(op: u32, args: &[TpukArg], outs: &mut [TpukOut]) -> i32 {
             Err(why) => return decline(key, "bad_input", why),
         }
     }
+    if let Some(&i) = lent
+        .iter()
+        .find(|&&i| !matches!(inputs.get(i).map(|t| &t.elements), Some(Elements::InPlace(_))))
+    {
+        return decline(key, "bad_input", format!("input {i}, updated in place, is strided"));
+    }
     let host: Vec<HostTensor<'_>> = inputs
         .iter()
         .map(|t| HostTensor { ty: &t.ty, data: t.elements.bytes(), contiguous: true })
         .collect();
-    let buffers = match rt.dispatcher.call(bound.key, &host, &bound.statics) {
+    let result = if lent.is_empty() {
+        rt.dispatcher.call(bound.key, &host, &bound.statics)
+    } else {
+        // SAFETY: the lent inputs are the op's written arguments (its schema says so), dense
+        // tensors read in place: their storage, which the boxed stack keeps alive and nothing
+        // else touches during the call.
+        unsafe { rt.dispatcher.call_in_place(bound.key, &host, &bound.statics, lent) }
+    };
+    let buffers = match result {
         Ok(b) => b,
         Err(DispatchError::Fallback(f))
             if f.reason.is_error() && (crate::errors::raise_errors() || mode() == MODE_DEBUG) =>
@@ -984,14 +1001,14 @@ pub(crate) fn device_api(py: Python<'_>) -> PyResult<Bound<'_, PyCapsule>> {
 }
 
 /// Records how calls of op `key` go on the device and returns its id (the same id for the same
-/// op on every call). `plan` is `(variants, output_mask, copy_strided)` with variants as
+/// op on every call). `plan` is `(variants, output_mask, copy_strided, lent)` with variants as
 /// `[(tensor_positions, [(static, position, is_dtype)], absent_positions)]`, or
 /// `(category, reason)` for an op whose every call declines.
 #[pyfunction]
 pub(crate) fn device_plan(key: &str, plan: &Bound<'_, PyAny>) -> PyResult<u32> {
     type VariantSpec = (Vec<usize>, Vec<(String, usize, bool)>, Vec<usize>);
-    let parsed = if let Ok((variants, output_mask, copy_strided)) =
-        plan.extract::<(Vec<VariantSpec>, Option<usize>, bool)>()
+    let parsed = if let Ok((variants, output_mask, copy_strided, lent)) =
+        plan.extract::<(Vec<VariantSpec>, Option<usize>, bool, Vec<usize>)>()
     {
         Plan::Kernels {
             key: key.to_owned(),
@@ -1012,6 +1029,7 @@ pub(crate) fn device_plan(key: &str, plan: &Bound<'_, PyAny>) -> PyResult<u32> {
                 .collect(),
             output_mask,
             copy_strided,
+            lent,
         }
     } else if let Ok((category, reason)) = plan.extract::<(String, String)>() {
         let category = match category.as_str() {

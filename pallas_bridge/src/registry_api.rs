@@ -185,6 +185,7 @@ pub fn check_variant(
     platform: &str,
     text: &str,
     declared: &[TensorType],
+    mutated: &[usize],
 ) -> Result<Vec<TensorType>, (&'static str, String)> {
     let module = reader::parse_module(text).map_err(|e| {
         (
@@ -213,6 +214,25 @@ pub fn check_variant(
             ),
         ));
     }
+    // An input updated in place must be donated to its output (`tf.aliasing_output = k`, as
+    // `jax.jit(..., donate_argnums=...)` exports it), or the update would be a copy.
+    for (k, &i) in mutated.iter().enumerate() {
+        let want = format!("{k} : i32");
+        let donated = main.args.get(i).is_some_and(|a| {
+            a.attributes.iter().any(|(key, v)| key == "tf.aliasing_output" && *v == want)
+        });
+        if !donated {
+            return Err((
+                "SignatureMismatchError",
+                format!(
+                    "kernel `{kernel}`: the {platform} variant does not donate input {i} to \
+                     output {k} (`tf.aliasing_output = {k} : i32` on @{}'s parameter {i}), \
+                     which it updates in place: export it with donation",
+                    main.name
+                ),
+            ));
+        }
+    }
     Ok(main.results.iter().map(|r| r.ty.clone()).collect())
 }
 
@@ -230,6 +250,7 @@ struct Spec<'a> {
     signature: String,
     tpu: Option<String>,
     cpu: Option<String>,
+    mutates: Vec<String>,
 }
 
 fn build_kernel(py: Python<'_>, spec: &Spec<'_>) -> PyResult<Kernel> {
@@ -255,12 +276,20 @@ fn build_kernel(py: Python<'_>, spec: &Spec<'_>) -> PyResult<Kernel> {
             ),
         ));
     }
+    let input_names: Vec<&str> = spec.inputs.iter().map(String::as_str).collect();
+    let mutated = tpu_kernels::registration::mutated_positions(
+        name,
+        &input_names,
+        spec.mutates.iter().map(String::as_str),
+    )
+    .map_err(|m| raise(py, "RegistrationError", m))?;
     let mut variants: Vec<(Platform, Arc<str>)> = Vec::new();
     let mut results: Option<(&str, Vec<TensorType>)> = None;
     for (platform, text) in [(Platform::Cpu, &spec.cpu), (Platform::Tpu, &spec.tpu)] {
         let Some(text) = text else { continue };
         let pname = platform.name();
-        let out = check_variant(name, pname, text, &declared).map_err(|(c, m)| raise(py, c, m))?;
+        let out = check_variant(name, pname, text, &declared, &mutated)
+            .map_err(|(c, m)| raise(py, c, m))?;
         if platform == Platform::Cpu && text.contains("@tpu_custom_call") {
             return Err(raise(
                 py,
@@ -323,6 +352,7 @@ fn build_kernel(py: Python<'_>, spec: &Spec<'_>) -> PyResult<Kernel> {
         .platforms(intern::platforms(&platforms))
         .priority(spec.priority)
         .canonical(intern::strs(&canonical))
+        .mutates(intern::strs(&spec.mutates.iter().map(String::as_str).collect::<Vec<_>>()))
         .doc(intern::intern(&spec.doc));
     Ok(Kernel {
         record,
@@ -339,7 +369,7 @@ fn build_kernel(py: Python<'_>, spec: &Spec<'_>) -> PyResult<Kernel> {
 #[pyo3(signature = (
     name, *, ops, inputs, signature, dtypes, tpu = None, cpu = None, statics = Vec::new(),
     guards = Vec::new(), priority = 0, canonical = Vec::new(), doc = String::new(),
-    specialiser = None
+    specialiser = None, mutates = Vec::new()
 ))]
 #[allow(clippy::too_many_arguments, reason = "a keyword-only Python API")]
 pub fn register_imported<'py>(
@@ -357,6 +387,7 @@ pub fn register_imported<'py>(
     canonical: Vec<String>,
     doc: String,
     specialiser: Option<Py<PyAny>>,
+    mutates: Vec<String>,
 ) -> PyResult<Bound<'py, PyDict>> {
     let spec = Spec {
         name,
@@ -371,6 +402,7 @@ pub fn register_imported<'py>(
         signature,
         tpu,
         cpu,
+        mutates,
     };
     let mut kernel = build_kernel(py, &spec)?;
     if let (Some(f), KernelSource::Imported { specialiser: slot, .. }) =
@@ -494,6 +526,7 @@ pub fn kernel_info<'py>(py: Python<'py>, k: &Kernel) -> PyResult<Bound<'py, PyDi
     d.set_item("guards", r.guards.iter().map(guard_text).collect::<Vec<_>>())?;
     d.set_item("priority", r.priority)?;
     d.set_item("canonical", r.canonical.to_vec())?;
+    d.set_item("mutates", r.mutates.to_vec())?;
     d.set_item("doc", r.doc)?;
     d.set_item("runtime", k.runtime)?;
     match &k.source {

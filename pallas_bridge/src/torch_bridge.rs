@@ -380,13 +380,19 @@ fn selected(
 /// `(kernel, [output, ...])` (the kernel's name only when `with_kernel`); when no kernel ran, a
 /// 3-tuple `(kernel or None, category, message)`; category `dlpack` means an input could not
 /// be imported (the dispatcher never saw the call, so its counters do not include it).
+///
+/// `lent` (positions of tensors, in the kernel's output order) makes it an in-place call: the
+/// kernel writes the new values of those tensors into their own memory
+/// ([`Dispatcher::call_in_place`]), and the answer is `(kernel, [other output, ...])`.
 #[pyfunction]
+#[pyo3(signature = (op, tensors, statics, with_kernel, lent = Vec::new()))]
 fn call<'py>(
     py: Python<'py>,
     op: &str,
     tensors: &Bound<'py, PyList>,
     statics: &Bound<'py, PyList>,
     with_kernel: bool,
+    lent: Vec<usize>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let rt = runtime(py)?;
     let statics = statics_of(statics)?;
@@ -411,6 +417,33 @@ fn call<'py>(
         .map(|t| HostTensor { ty: &t.ty, data: t.bytes(), contiguous: t.contiguous })
         .collect();
     let on_tpu = imported.iter().any(|t| t.on_tpu);
+    if !lent.is_empty() {
+        if let Some(&i) = lent.iter().find(|&&i| imported.get(i).is_none_or(|t| !t.contiguous)) {
+            let op = normalize_op(op);
+            let message = format!(
+                "`{op}` falls back: bad input: tensor {i}, updated in place, is not a contiguous \
+                 tensor of the call"
+            );
+            return Ok((None::<String>, "dlpack", message).into_pyobject(py)?.into_any());
+        }
+        // SAFETY: the lent tensors are the caller's (Python holds them and the GIL for the
+        // call), contiguous, and imported in place (`bytes` is their own memory); the op's
+        // schema declares them written.
+        let result = unsafe { rt.dispatcher.call_in_place(op, &inputs, &statics, &lent) };
+        return match result {
+            Ok(buffers) => {
+                let kernel = if with_kernel { selected(rt, op, &imported, &statics) } else { None };
+                Ok((kernel, export_all(py, buffers, tensors.iter().next(), on_tpu)?)
+                    .into_pyobject(py)?
+                    .into_any())
+            }
+            Err(DispatchError::Fallback(f) | DispatchError::Forbidden(f)) => {
+                let message = f.to_string();
+                Ok((f.kernel, f.reason.category(), message).into_pyobject(py)?.into_any())
+            }
+            Err(other) => Err(PyRuntimeError::new_err(other.to_string())),
+        };
+    }
     match rt.dispatcher.call(op, &inputs, &statics) {
         Ok(mut buffers) if !with_kernel && buffers.len() == 1 => {
             // The common case, answered with the tensor itself (no containers to allocate).
@@ -811,6 +844,7 @@ fn kernels<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         d.set_item("platforms", r.platforms.iter().map(|p| p.name()).collect::<Vec<_>>())?;
         d.set_item("priority", r.priority)?;
         d.set_item("backward", r.backward)?;
+        d.set_item("mutates", r.mutates.to_vec())?;
         d.set_item("runtime", k.runtime)?;
         d.set_item("doc", r.doc)?;
         d.set_item("canonical", r.canonical.to_vec())?;
@@ -873,6 +907,8 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         o.set_item("last_fallback", st.last_fallback.clone())?;
         o.set_item("last_fallback_seq", st.last_fallback_seq)?;
         o.set_item("kernels", st.kernels.clone())?;
+        o.set_item("updated_in_place", st.updated_in_place)?;
+        o.set_item("updated_by_copy", st.updated_by_copy)?;
         ops.set_item(op, o)?;
     }
     d.set_item("ops", ops)?;

@@ -762,7 +762,7 @@ def _standard() -> dict[str, dict]:
 def _selection(op, args, kwargs) -> tuple[str, str, dict, list[bool]]:
     """(op key, input signature, statics, contiguity) as the dispatch mode binds the call."""
     TABLE.refresh()
-    plan = TABLE.plan(op)
+    plan = TABLE.plan(op, mutable=True)
     assert plan is not None, f"no kernel binds {op_key(op)}"
     bound = plan.bind(args, kwargs)
     assert not isinstance(bound, str), bound

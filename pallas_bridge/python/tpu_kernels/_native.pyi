@@ -69,6 +69,7 @@ def register_imported(
     canonical: list[str] = ...,
     doc: str = "",
     specialiser: Any | None = None,
+    mutates: list[str] = ...,
 ) -> dict[str, Any]: ...
 def unregister(name: str) -> None: ...
 def load_library(

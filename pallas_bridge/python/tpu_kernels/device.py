@@ -254,7 +254,32 @@ def _make_module() -> types.ModuleType:
 # ----- kernels at the key -----
 
 
-def _device_plan(plan):
+def _lent(func, plan) -> list[int] | str:
+    """The positions, among the bound tensors, of the arguments the op's kernels update in
+    place (in output order), or why they cannot be: every mutable argument of the schema must
+    be one the kernels update, and every kernel of the op must update the same ones."""
+    from .torch._bindings import TABLE
+
+    mutates = {tuple(i.get("mutates") or ()) for i in TABLE.by_op.get(plan.key, ())}
+    if len(mutates) != 1:
+        return "its kernels update different arguments in place"
+    (names,) = mutates
+    written = {a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    if written != set(names):
+        return f"it writes {sorted(written)}, its kernels update {sorted(names)} in place"
+    lent = []
+    for v in plan.variants:
+        slots = [name for name, _ in v.tensor_slots]
+        positions = [slots.index(n) for n in names if n in slots]
+        if len(positions) != len(names):
+            return "a binding leaves out an argument the kernels update"
+        if lent and positions != lent:
+            return "its bindings place the updated arguments differently"
+        lent = positions
+    return lent
+
+
+def _device_plan(plan, lent=()):
     """The native plan of a bound op (see `_native.device_plan`)."""
     if plan.refused:
         return ("schema_refused", "; ".join(plan.refused.values()))
@@ -268,15 +293,17 @@ def _device_plan(plan):
     ]
     mask = plan.output_mask[1] if plan.output_mask is not None else None
     copy_strided = any(v.copy_strided for v in plan.variants)
-    return (variants, mask, copy_strided)
+    return (variants, mask, copy_strided, list(lent))
 
 
 def _bindable(func) -> str | None:
     """Why `func` is not registered at the key (None: it is)."""
     schema = func._schema
-    if schema.is_mutable:
-        return "it mutates an argument; in-place kernels are not bound at the key yet"
-    if not schema.returns or any(str(r.type) != "Tensor" for r in schema.returns):
+    if schema.is_mutable and any(r.alias_info is not None for r in schema.returns):
+        return "it returns an argument it updates"
+    if schema.is_mutable and schema.name.startswith("aten::"):
+        return "it updates an argument in place, and kernels bind ATen ops as pure functions"
+    if (not schema.returns and not schema.is_mutable) or any(str(r.type) != "Tensor" for r in schema.returns):
         return "it returns something other than tensors"
     name = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
     if torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeImplicitAutograd"):
@@ -308,11 +335,15 @@ def sync() -> dict[str, str]:
             if why is not None:
                 skipped[key] = why
                 continue
-            plan = TABLE.plan(func)
+            plan = TABLE.plan(func, mutable=True)
             if plan is None:
                 skipped[key] = "no kernel's binding fits torch's schema"
                 continue
-            op_id = _native.device_plan(plan.key, _device_plan(plan))
+            lent = _lent(func, plan) if func._schema.is_mutable else []
+            if isinstance(lent, str):
+                skipped[key] = lent
+                continue
+            op_id = _native.device_plan(plan.key, _device_plan(plan, lent))
             live.add(plan.key)
             if plan.key not in _state["bound"]:
                 schema = func._schema

@@ -192,14 +192,18 @@ def _export(
     structs: Sequence[Any],
     name: str,
     what: str,
+    donate: Sequence[int] = (),
 ) -> str:
+    """`fn` exported for `platform` at `structs`; the inputs at positions `donate` are donated
+    (``tf.aliasing_output`` on them: updated in place)."""
+    jitted = jax.jit(fn, donate_argnums=tuple(donate)) if donate else jax.jit(fn)
     try:
         if platform == "cpu":
             with pallas_interpret(), _x64([specs]):
-                exported = jax.export.export(jax.jit(fn), platforms=["cpu"])(*structs)
+                exported = jax.export.export(jitted, platforms=["cpu"])(*structs)
         else:
             with _x64([specs]):
-                exported = jax.export.export(jax.jit(fn), platforms=[platform])(*structs)
+                exported = jax.export.export(jitted, platforms=[platform])(*structs)
         return exported.mlir_module()
     except Exception as e:
         raise _classify(name, what, e) from e
@@ -519,6 +523,7 @@ def register_jax(
     doc: str | None = None,
     define_op: bool = True,
     backward: bool = False,
+    mutates_args: Sequence[str] = (),
 ) -> ImportedKernel:
     """Exports `fn` (jnp code or a ``pallas_call``) for TPU and CPU, validates both variants and
     registers them as one kernel for `op` (an ATen overload it replaces, ``aten::gelu``, or a new
@@ -528,6 +533,13 @@ def register_jax(
     imported too, as kernel ``<name>_backward`` for op ``<ns>::<op>_backward`` taking
     ``(grad, *inputs, **statics)`` at each example signature, and becomes the new op's autograd
     formula: eager, and under ``torch.compile``, the backward runs as a kernel.
+
+    `mutates_args`: tensor inputs `fn` updates in place (a Pallas kernel's
+    ``input_output_aliases``), as ``torch.library.custom_op`` names them. `fn`'s first outputs
+    are their new values, in argument order. The export donates them to those outputs
+    (``donate_argnums``), the new op takes them as ``Tensor(a!)`` and returns only the other
+    outputs, and each call writes the new values into the tensors' own memory, eagerly, on the
+    "tpu" device and under ``torch.compile``.
 
     `signatures`: example signatures, each ``"f32[8,128], f32[128]"`` or a sequence of
     ``jax.ShapeDtypeStruct`` / short strings; symbols (``B``) are symbolic dims, with
@@ -559,6 +571,18 @@ def register_jax(
         )
     inputs = _params(name, fn, statics, len(sigs[0]))
     _binding_check(name, op, inputs, statics)
+    unknown = [a for a in mutates_args if a not in inputs]
+    if unknown:
+        raise RegistrationError(
+            f"kernel `{name}`: mutates_args {unknown} are not tensor inputs of the function ({', '.join(inputs)})"
+        )
+    if mutates_args and (op.startswith("aten::") or not define_op or backward):
+        raise RegistrationError(
+            f"kernel `{name}`: mutates_args is for a new op it defines without a backward "
+            "(ATen ops are bound as pure functions; autograd needs its saved inputs unchanged)"
+        )
+    mutates = [n for n in inputs if n in mutates_args]
+    donate = [inputs.index(n) for n in mutates]
     symbolic = any(not spec.is_static for s in sigs for spec in s)
     generic = symbolic or len(sigs) > 1 or bool(statics)
     bound = functools.partial(fn, **statics) if statics else fn
@@ -570,7 +594,7 @@ def register_jax(
         structs = [_struct(jax, s, scope) for s in specs]
         f = cpu_fn if platform == "cpu" and cpu_fn else fn
         g = functools.partial(f, **values) if values else f
-        return _export(jax, g, platform, specs, structs, name, f"export for {platform} at {label}")
+        return _export(jax, g, platform, specs, structs, name, f"export for {platform} at {label}", donate)
 
     variants: list[tuple[list[TensorSpec], str, str]] = []
     for specs in sigs:
@@ -631,6 +655,7 @@ def register_jax(
         canonical=canonical,
         doc=doc or (inspect.getdoc(fn) or "").split("\n")[0],
         specialiser=specialiser,
+        mutates=mutates,
     )
     if backward and (op.startswith("aten::") or not define_op):
         _native.unregister(name)
@@ -645,7 +670,7 @@ def register_jax(
             # The output count from the export itself: tracing again here (eval_shape) would
             # cost more than the whole registration's parse.
             n_outputs = len(_native.module_signature(cpu_text)["results"])
-            define_new_op(op, name, inputs, statics, fn, cpu_bound, n_outputs=n_outputs)
+            define_new_op(op, name, inputs, statics, fn, cpu_bound, n_outputs=n_outputs, mutates=mutates)
         if backward:
             _register_backward(jax, fn, name, op, inputs, statics, sigs, constraints, dtypes, topology)
     except Exception:

@@ -71,9 +71,12 @@ def define_new_op(
     fn: Callable[..., Any],
     cpu_fn: Callable[..., Any],
     n_outputs: int = 1,
+    mutates: Sequence[str] = (),
 ) -> None:
     """Defines `op` (``ns::name``) in torch, running kernel `kernel` (falling back to `fn`), with
-    `n_outputs` tensor results."""
+    `n_outputs` tensor results. The inputs in `mutates` (in argument order) are updated in
+    place: they are ``Tensor(a!)`` in the schema, and the first ``len(mutates)`` results are
+    their new values, written into their memory and not returned."""
     from .dispatch import dispatch, set_fallback
 
     set_fallback(op, _jax_fallback(cpu_fn if cpu_fn is not None else fn))
@@ -85,9 +88,14 @@ def define_new_op(
     base, _, overload = rest.partition(".")
     if overload and overload != "default":
         raise RegistrationError(f"kernel `{kernel}`: a new op is defined without an overload, not `{op}`")
-    args = [f"Tensor {n}" for n in inputs]
+    mutates = list(mutates)
+    lent = [list(inputs).index(n) for n in mutates]
+    args = [
+        f"Tensor({chr(ord('a') + mutates.index(n))}!) {n}" if n in mutates else f"Tensor {n}" for n in inputs
+    ]
     kw = [f"{_SCHEMA_TYPES[static_kind(v)]} {k}={v!r}" for k, v in statics.items()]
-    rets = "Tensor" if n_outputs == 1 else "(" + ", ".join(["Tensor"] * n_outputs) + ")"
+    n_ret = n_outputs - len(mutates)
+    rets = "()" if n_ret == 0 else "Tensor" if n_ret == 1 else "(" + ", ".join(["Tensor"] * n_ret) + ")"
     schema = f"({', '.join(args + (['*'] + kw if kw else []))}) -> {rets}"
     key = f"{ns}::{base}.default"
     with _lock:
@@ -99,6 +107,18 @@ def define_new_op(
 
             def impl(*tensors: Any, **kwargs: Any) -> Any:
                 return dispatch(op, *tensors, **kwargs)
+
+            if mutates:
+                from .torch._custom_ops import bump_versions, run_in_place
+
+                fallback = _jax_fallback(cpu_fn if cpu_fn is not None else fn)
+
+                def impl(*tensors: Any, **kwargs: Any) -> Any:  # noqa: F811
+                    values = [(k, kwargs.get(k, v)) for k, v in statics.items()]
+                    outs = run_in_place(key, f"{ns}::{base}", list(tensors), values, lent, fallback)
+                    return None if n_ret == 0 else outs[0] if n_ret == 1 else tuple(outs)
+
+                lib.impl(base, bump_versions(f"{ns}::{base}", list(inputs), mutates), "ADInplaceOrView")
 
             lib.impl(base, impl, "CompositeExplicitAutograd")
 
@@ -118,7 +138,8 @@ def define_new_op(
                     raise RegistrationError(
                         f"kernel `{kernel}`: op `{op}` returns {n_outputs} tensor(s), the kernel {len(outs)}"
                     )
-                return outs[0] if n_outputs == 1 else tuple(outs)
+                outs = outs[len(mutates) :]
+                return None if n_ret == 0 else outs[0] if n_ret == 1 else tuple(outs)
 
             torch.library.register_fake(f"{ns}::{base}", fake, lib=lib)
         except Exception as e:

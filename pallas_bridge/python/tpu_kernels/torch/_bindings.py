@@ -317,6 +317,7 @@ class Table:
         self.by_op: dict[str, list[dict]] = {}
         self.refused: dict[str, str] = {}
         self.plans: dict[object, Plan | None] = {}
+        self.in_place_plans: dict[object, Plan | None] = {}
         self.loaded = False
         self.generation = None
 
@@ -327,6 +328,7 @@ class Table:
             with self.lock:
                 self.loaded = False
                 self.plans.clear()
+                self.in_place_plans.clear()
                 self.refused.clear()
         self.load()
 
@@ -349,10 +351,20 @@ class Table:
             self.by_op = by_op
             self.loaded = True
 
-    def plan(self, func) -> Plan | None:
-        """The plan for `func` (an OpOverload), memoised; None when no kernel binds it."""
+    def plan(self, func, mutable: bool = False) -> Plan | None:
+        """The plan for `func` (an OpOverload), memoised; None when no kernel binds it. An op
+        that updates its arguments (`tpuk::adamw_step`) has a plan only for callers that run
+        it in place (`mutable`): the eager modes run it as itself, whose implementation
+        writes its arguments; a plan would run it as a pure function."""
+        # The eager modes read `plans` directly: it holds None for an in-place op.
+        memo = self.plans
+        if func._schema.is_mutable:
+            if not mutable:
+                self.plans[func] = None
+                return None
+            memo = self.in_place_plans
         try:
-            return self.plans[func]
+            return memo[func]
         except KeyError:
             pass
         self.load()
@@ -364,7 +376,7 @@ class Table:
             if key in info["ops"] and info["name"] in self.refused
         }
         plan = _plan(key, infos, refused, list(func._schema.arguments)) if infos else None
-        self.plans[func] = plan
+        memo[func] = plan
         return plan
 
 

@@ -100,17 +100,23 @@ def _define(info: dict, op: str):
     defaults = native().static_defaults(info["name"])
     kinds = {s[0]: s[1] for s in info["statics"]}
     order = info["schema"] or list(info["inputs"]) + [s[0] for s in info["statics"]]
+    # Inputs the kernel updates in place: `Tensor(a!)`, not returned (output k is the new
+    # value of mutates[k]).
+    mutates = list(info.get("mutates") or [])
     params = []
     for p in order:
         if p in info["inputs"]:
-            params.append(f"Tensor {p}")
+            if p in mutates:
+                params.append(f"Tensor({chr(ord('a') + mutates.index(p))}!) {p}")
+            else:
+                params.append(f"Tensor {p}")
         elif p in kinds:
             text = f"{_SCHEMA_TYPES[kinds[p]]} {p}"
             if p in defaults:
                 text += "=" + _default_text(kinds[p], defaults[p])
             params.append(text)
-    n_out = _n_outputs(info)
-    rets = "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
+    n_out = _n_outputs(info) - len(mutates)
+    rets = "()" if n_out == 0 else "Tensor" if n_out == 1 else "(" + ", ".join(["Tensor"] * n_out) + ")"
     lib = torch.library.Library(ns, "FRAGMENT")
     _libs.append(lib)
     lib.define(f"{name}({', '.join(params)}) -> {rets}")
@@ -118,6 +124,7 @@ def _define(info: dict, op: str):
     key = f"{qualname}.default"
     tensor_names = [p for p in order if p in info["inputs"]]
     static_names = [p for p in order if p in kinds]
+    lent = [tensor_names.index(p) for p in mutates]
 
     def split(args, kwargs):
         values = dict(zip(order, args))
@@ -126,8 +133,15 @@ def _define(info: dict, op: str):
         statics = [(n, values[n]) for n in static_names if n in values]
         return tensors, statics
 
+    def result(outs):
+        if n_out == 0:
+            return None
+        return outs[0] if n_out == 1 else tuple(outs)
+
     def cpu_impl(*args, **kwargs):
         tensors, statics = split(args, kwargs)
+        if lent:
+            return result(run_in_place(key, qualname, tensors, statics, lent, REFERENCES.get(key)))
         tensors = [t.detach().contiguous() for t in tensors]
         r = native().call(key, tensors, statics, True)
         if len(r) == 3:
@@ -140,20 +154,67 @@ def _define(info: dict, op: str):
             if reference is None:
                 raise KernelOpError(f"{qualname}: {r[2]}")
             return reference(*tensors, **dict(statics))
-        outs = [as_tensor(c) for c in r[1]]
-        return outs[0] if n_out == 1 else tuple(outs)
+        return result([as_tensor(c) for c in r[1]])
 
     def fake_impl(*args, **kwargs):
         tensors, statics = split(args, kwargs)
         outs = fake_outputs(info["name"], qualname, tensors, statics)
-        return outs[0] if n_out == 1 else tuple(outs)
+        return result(outs[len(lent) :])
 
     lib.impl(name, cpu_impl, "CPU")
     torch.library.register_fake(qualname, fake_impl, lib=lib)
+    if lent:
+        lib.impl(name, bump_versions(qualname, order, mutates), "ADInplaceOrView")
     backward = info.get("backward")
-    if backward:
+    if backward and not mutates:
         _register_autograd(qualname, backward, tensor_names, static_names, order, lib)
     return getattr(getattr(torch.ops, ns), name).default
+
+
+def run_in_place(key: str, qualname: str, tensors: list, statics: list, lent: list, fallback) -> list:
+    """Runs in-place op `key` on CPU tensors: the kernel writes the new values of the tensors
+    at positions `lent` into their own memory, and the other outputs are returned. A strided
+    tensor is updated through a contiguous copy; a call no kernel takes runs `fallback` (the
+    op's PyTorch reference, or its JAX function), whose first outputs are copied into the
+    updated tensors."""
+    # `detach` shares memory, so the kernel writes the caller's tensors.
+    work = [t.detach().contiguous() for t in tensors]
+    r = native().call(key, work, statics, True, lent)
+    if len(r) == 3:
+        if r[1] in _stats.ERRORS:
+            _stats.raise_if_policy(r[2])
+        if fallback is None:
+            raise KernelOpError(f"{qualname}: {r[2]}")
+        outs = fallback(*work, **dict(statics))
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        for k, i in enumerate(lent):
+            work[i].copy_(outs[k])
+        outs = outs[len(lent) :]
+    else:
+        outs = [as_tensor(c) for c in r[1]]
+    for i in lent:
+        if work[i].data_ptr() != tensors[i].data_ptr():
+            tensors[i].copy_(work[i])
+    return outs
+
+
+def bump_versions(qualname: str, order: list, mutates: list):
+    """The op's ADInplaceOrView kernel: runs it, then bumps the version counters of the tensors
+    it updated, as PyTorch's in-place ops do, so autograd refuses a backward that would read a
+    saved tensor the op overwrote."""
+    positions = [order.index(n) for n in mutates]
+    ns, name = qualname.split("::", 1)
+
+    def inplace_or_view(*args, **kwargs):
+        op = getattr(getattr(torch.ops, ns), name).default
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = op(*args, **kwargs)
+        for pos, n in zip(positions, mutates):
+            t = args[pos] if pos < len(args) else kwargs[n]
+            torch.autograd.graph.increment_version(t)
+        return out
+
+    return inplace_or_view
 
 
 def _register_autograd(qualname, backward, tensor_names, static_names, order, lib) -> None:

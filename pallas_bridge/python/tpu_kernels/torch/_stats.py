@@ -150,6 +150,11 @@ class Report:
             fb = ", ".join(f"{k}={v}" for k, v in sorted(o["fallbacks"].items())) or "-"
             ks = ", ".join(f"{k}x{v}" for k, v in sorted(o["kernels"].items())) or "-"
             lines.append(f"  {op:<45} {o['calls']:>6} {o['substituted']:>6}  fallbacks: {fb}  kernels: {ks}")
+            if o.get("updated_in_place") or o.get("updated_by_copy"):
+                lines.append(
+                    f"      arguments updated: {o.get('updated_in_place', 0)} in their own memory (donated), "
+                    f"{o.get('updated_by_copy', 0)} through a copy"
+                )
             if o.get("last_fallback"):
                 lines.append(f"      last fallback: {o['last_fallback'].splitlines()[0][:160]}")
         lines.append(f"time in kernels: {self.kernel_time_s * 1e3:.2f} ms (first-call preparation {self.prepare_time_s * 1e3:.1f} ms)")

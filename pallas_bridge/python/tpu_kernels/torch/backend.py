@@ -367,7 +367,7 @@ def _supported_pred(supported: set[str], bad: set[str]):
         if node.target is operator.getitem:
             src = node.args[0]
             return isinstance(src, torch.fx.Node) and ok(src)
-        if not isinstance(node.target, torch._ops.OpOverload):
+        if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
             return False
         val = node.meta.get("val")
         vals = list(val) if isinstance(val, (tuple, list)) else [val]
@@ -378,8 +378,85 @@ def _supported_pred(supported: set[str], bad: set[str]):
     return ok
 
 
+def _updates_in_place(op) -> bool:
+    """Whether `op` is one this package defines whose kernels update arguments in place (a Rust
+    kernel's `mutates`, an import's `mutates_args`)."""
+    from ._bindings import TABLE
+
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.is_mutable:
+        return False
+    TABLE.refresh()
+    return any(info.get("mutates") for info in TABLE.by_op.get(op_key(op), ()))
+
+
+def reinplace(gm: torch.fx.GraphModule) -> int:
+    """Runs the in-place ops this package defines (`tpuk::adamw_step`) in place in `gm`, as
+    eager code does: functionalization turned each call into `auto_functionalized_v2`, which
+    clones the updated arguments, runs the op on the clones and returns them for AOT autograd
+    to copy back. Where an updated argument is a graph input that nothing else in the graph
+    reads (an optimizer's parameters and state), the call runs on the input itself and the
+    input is returned as its new value: the kernel writes its memory (donated to the program)
+    and the copy back is a copy onto itself, which PyTorch skips. Arguments that are views,
+    or that other nodes read or autograd saves, keep the functional form. Returns how many
+    calls now run in place."""
+    hop = getattr(torch.ops.higher_order, "auto_functionalized_v2", None)
+    if hop is None:
+        return 0
+    done = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not hop or not node.args:
+            continue
+        op = node.args[0]
+        if not _updates_in_place(op):
+            continue
+        kwargs = dict(node.kwargs)
+        bases = list(kwargs.pop("_all_bases", []))
+        written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+        call_kwargs = {}
+        fits = True
+        for a in op._schema.arguments:
+            if a.name in written:
+                # Keys left over below (`_<name>_size`, ...) describe a view of a base: not this
+                # rewrite's.
+                index = kwargs.pop(f"_{a.name}_base_index", None)
+                if index is None:
+                    fits = False
+                    break
+                base = bases[index]
+                # Read by nothing else: its only other users are earlier calls this rewrite
+                # made, which update it in graph order.
+                if (
+                    not isinstance(base, torch.fx.Node)
+                    or base.op != "placeholder"
+                    or any(u is not node and u not in done for u in base.users)
+                ):
+                    fits = False
+                    break
+                call_kwargs[a.name] = base
+            elif a.name in kwargs:
+                call_kwargs[a.name] = kwargs.pop(a.name)
+        outs = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        if not fits or kwargs or len(outs) != len(node.users) or (0 in outs and outs[0].users):
+            continue
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_function(op, (), call_kwargs)
+        call.meta["val"] = None
+        for j, base in enumerate(bases):
+            if 1 + j in outs:
+                outs[1 + j].replace_all_uses_with(base)
+        for u in outs.values():
+            gm.graph.erase_node(u)
+        gm.graph.erase_node(node)
+        done.append(call)
+    if done:
+        gm.graph.lint()
+        gm.recompile()
+    return len(done)
+
+
 def compile_graph_module(gm: torch.fx.GraphModule, name: str):
     """Lowers `gm` (ATen, static shapes) into one or more programs; returns a callable."""
+    reinplace(gm)
     supported = set(native().supported_ops())
     bad: set[str] = set()
     reasons: dict[str, str] = {}
@@ -391,7 +468,11 @@ def compile_graph_module(gm: torch.fx.GraphModule, name: str):
             if not ok(n) and n.target is not operator.getitem and n.name not in bad:
                 bad.add(n.name)
                 key = op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target)
-                reasons.setdefault(key, "no lowering for this op" if key not in supported else "unsupported values")
+                if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+                    why = "updates its arguments in place: runs as itself, writing them where they lie"
+                else:
+                    why = "no lowering for this op" if key not in supported else "unsupported values"
+                reasons.setdefault(key, why)
         if not bad:
             try:
                 program = _lower(gm, name)
