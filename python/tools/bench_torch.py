@@ -351,8 +351,10 @@ def adamw_in_place(repeats: int) -> tuple[dict[str, float | str], float]:
     out["tpuk::adamw_step in place, CPU tensors"] = ours_timed("adamw in place", timer(f_cpu), f_cpu, kernels=("adamw_step",))
     f_tpu = lambda: op(*state_tpu)  # noqa: E731
     out["tpuk::adamw_step in place, tpu tensors"] = ours_timed("adamw on tpu", timer(f_tpu), f_tpu, kernels=("adamw_step",))
-    d = tkt.Dispatcher(no_fallback=True)
-    f_fresh = lambda: tkt.call("tpuk::adamw_step", p, g, m, v, step, dispatcher=d)  # noqa: E731
+    import tpu_kernels as tk
+
+    d = tk.Dispatcher(no_fallback=True)
+    f_fresh = lambda: tk.call("tpuk::adamw_step", p, g, m, v, step, dispatcher=d)  # noqa: E731
     out["the same kernel, fresh outputs (tk.call)"] = timed_ms(f_fresh, repeats)
     steps = torch.tensor(10.0)
     fused = lambda: torch._fused_adamw_(  # noqa: E731
