@@ -32,7 +32,8 @@ use tpu_kernels_registry::dispatch::{dtype_of, upload_input_cached};
 use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall};
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program, ViewCache};
 use tpu_kernels_registry::{
-    CallMeta, DispatchError, Dispatcher, HostTensor, Index, Registry, fault, normalize_op,
+    CallMeta, DispatchError, Dispatcher, HostTensor, Index, LendError, Registry, execute_lending,
+    fault, normalize_op,
 };
 
 /// Counters of the graph path.
@@ -44,6 +45,9 @@ struct GraphStats {
     run_nanos: u64,
     /// Inputs a run read through a gathered copy (laid out otherwise than the program reads).
     inputs_gathered: u64,
+    /// Inputs a run wrote an output into (donated: in place; or copied in).
+    inputs_updated_in_place: u64,
+    inputs_updated_by_copy: u64,
     lower_errors: u64,
     /// Kernel name -> how many graph programs inlined it.
     kernels: BTreeMap<String, u64>,
@@ -499,6 +503,8 @@ struct ProgramInner {
     inputs: Vec<TensorType>,
     outputs: Vec<TensorType>,
     kernels: Vec<String>,
+    /// `(input, output)`: the output is computed into the input's memory (donated).
+    donations: Vec<(usize, usize)>,
 }
 
 /// How a program's inputs and outputs cross its boundary: per input, the order in which the
@@ -545,6 +551,27 @@ struct GraphProgram {
 
 fn short_types(types: &[TensorType]) -> Vec<String> {
     types.iter().map(TensorType::short).collect()
+}
+
+impl GraphProgram {
+    /// Counts a run: its time, inputs gathered, kernels run, and inputs updated in place.
+    fn count_run(&self, rt: &Runtime, start: Instant, gathered: u64, in_place: u64, by_copy: u64) {
+        if let Ok(mut s) = rt.graph_stats.lock() {
+            s.runs += 1;
+            s.run_nanos += start.elapsed().as_nanos() as u64;
+            s.inputs_gathered += gathered;
+            s.inputs_updated_in_place += in_place;
+            s.inputs_updated_by_copy += by_copy;
+            for k in &self.inner.kernels {
+                match s.kernels_run.get_mut(k) {
+                    Some(n) => *n += 1,
+                    None => {
+                        s.kernels_run.insert(k.clone(), 1);
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[pymethods]
@@ -638,6 +665,55 @@ impl GraphProgram {
             data.push(t.ordered(order));
         }
         let gathered = data.iter().filter(|d| matches!(d, Cow::Owned(_))).count() as u64;
+        // Donated inputs read in place (the tensor's own memory) take their output's value; one
+        // read through a copy keeps its output as a program output.
+        let loans: Vec<(usize, usize)> = p
+            .donations
+            .iter()
+            .copied()
+            .filter(|&(i, _)| matches!(data.get(i), Some(Cow::Borrowed(_))))
+            .collect();
+        if !loans.is_empty() {
+            if let Some(m) = fault::program_run(&p.name, &p.kernels) {
+                return Err(PyRuntimeError::new_err(format!(
+                    "graph `{}`: execute failed: {m}",
+                    p.name
+                )));
+            }
+            let host: Vec<HostTensor<'_>> = data
+                .iter()
+                .zip(&p.inputs)
+                .map(|(bytes, ty)| HostTensor { ty, data: bytes, contiguous: true })
+                .collect();
+            // SAFETY: each loaned input is a graph input that an in-place op updates and
+            // nothing else in the graph reads (`_donations` in the backend), read here in
+            // place: its tensor's own memory, which the caller hands over to be written, as
+            // AOT autograd writes a mutated input after the graph runs.
+            let run = unsafe {
+                execute_lending(rt.dispatcher.client(), &rt.views, &p.executable, &host, &loans)
+            }
+            .map_err(|e| {
+                let m = match e {
+                    LendError::Input(m) | LendError::Run(m) => m,
+                };
+                PyRuntimeError::new_err(format!("graph `{}`: execute failed: {m}", p.name))
+            })?;
+            let api = tensors.iter().next().as_ref().and_then(exchange_api);
+            let on_tpu = imported.iter().any(|t| t.on_tpu);
+            let exported = PyList::empty(py);
+            for (j, b) in run.outputs.into_iter().enumerate() {
+                match b {
+                    Some(b) => {
+                        let order =
+                            layout.and_then(|l| l.outputs.get(j)).and_then(Option::as_deref);
+                        exported.append(export_buffer_as(py, b, api.as_ref(), order, on_tpu)?)?;
+                    }
+                    None => exported.append(py.None())?,
+                }
+            }
+            self.count_run(rt, start, gathered, run.in_place, run.by_copy);
+            return Ok(exported);
+        }
         let mut buffers = Vec::with_capacity(imported.len());
         for (i, (bytes, want)) in data.iter().zip(&p.inputs).enumerate() {
             let buffer = upload_input_cached(&rt.views, rt.dispatcher.client(), want, bytes)
@@ -661,19 +737,7 @@ impl GraphProgram {
             let order = layout.and_then(|l| l.outputs.get(j)).and_then(Option::as_deref);
             exported.append(export_buffer_as(py, b, api.as_ref(), order, on_tpu)?)?;
         }
-        if let Ok(mut s) = rt.graph_stats.lock() {
-            s.runs += 1;
-            s.run_nanos += start.elapsed().as_nanos() as u64;
-            s.inputs_gathered += gathered;
-            for k in &p.kernels {
-                match s.kernels_run.get_mut(k) {
-                    Some(n) => *n += 1,
-                    None => {
-                        s.kernels_run.insert(k.clone(), 1);
-                    }
-                }
-            }
-        }
+        self.count_run(rt, start, gathered, 0, 0);
         Ok(exported)
     }
 
@@ -705,6 +769,7 @@ fn compile_inner(
     rt: &Runtime,
     json: &str,
     refused: &[String],
+    donations: &[(usize, usize)],
 ) -> Result<Arc<ProgramInner>, GraphFailure> {
     let graph = Graph::from_json(json).map_err(|e| e.to_string())?;
     let mut index = rt.dispatcher.registry().index();
@@ -717,13 +782,35 @@ fn compile_inner(
         inner: IndexResolver::new(index, rt.platform),
         used: RefCell::new(Vec::new()),
     };
-    let module = graph::lower(&graph, &resolver).map_err(|e| GraphFailure {
+    let mut module = graph::lower(&graph, &resolver).map_err(|e| GraphFailure {
         declined: matches!(
             e,
             graph::LowerError::UnsupportedOp { .. } | graph::LowerError::BadArgs { .. }
         ),
         message: e.to_string(),
     })?;
+    if let Some(main) = module.functions.first_mut() {
+        for &(input, output) in donations {
+            let (Some(param), Some(result)) = (main.params.get(input), main.results.get(output))
+            else {
+                return Err(format!(
+                    "donation of input {input} to output {output}: the program has {} inputs and \
+                     {} outputs",
+                    main.params.len(),
+                    main.results.len()
+                )
+                .into());
+            };
+            if param != result {
+                return Err(format!(
+                    "donation of input {input} ({param}) to output {output} ({result}): the types differ"
+                )
+                .into());
+            }
+            main.param_attrs[input]
+                .push(("tf.aliasing_output".to_owned(), format!("{output} : i32")));
+        }
+    }
     let text = module.to_text();
     let program = Program::text(text.clone());
     let options = CompileOptions::new();
@@ -741,6 +828,7 @@ fn compile_inner(
         inputs: main.params.clone(),
         outputs: main.results.clone(),
         kernels: resolver.used.into_inner().into_iter().map(|(_, k)| k).collect(),
+        donations: donations.to_vec(),
     }))
 }
 
@@ -749,21 +837,32 @@ fn compile_inner(
 /// cache) and returns it. A graph with a node no kernel takes and the default table does not
 /// lower raises `LoweringDeclined` (a `ValueError`) naming the nodes; any other failure
 /// `ValueError`.
-/// `refused` names kernels never to inline (their bindings were refused).
+/// `refused` names kernels never to inline (their bindings were refused). `donations`
+/// (`(input, output)` pairs) mark inputs whose memory takes an output's value
+/// (`tf.aliasing_output`): a run writes that output there (see [`GraphProgram::run`]).
 #[pyfunction]
-#[pyo3(signature = (json, refused = Vec::new()))]
-fn compile_graph(py: Python<'_>, json: &str, refused: Vec<String>) -> PyResult<GraphProgram> {
+#[pyo3(signature = (json, refused = Vec::new(), donations = Vec::new()))]
+fn compile_graph(
+    py: Python<'_>,
+    json: &str,
+    refused: Vec<String>,
+    donations: Vec<(usize, usize)>,
+) -> PyResult<GraphProgram> {
     let rt = runtime(py)?;
     // Injected faults (tests only) change what a graph lowers to: their generation is part of
     // the key.
-    let memo_key = format!("{json}\nrefused:{}\nfaults:{}", refused.join(","), fault::generation());
+    let memo_key = format!(
+        "{json}\nrefused:{}\ndonations:{donations:?}\nfaults:{}",
+        refused.join(","),
+        fault::generation()
+    );
     if let Some(p) = rt.programs.lock().ok().and_then(|m| m.get(&memo_key).cloned()) {
         if let Ok(mut s) = rt.graph_stats.lock() {
             s.memo_hits += 1;
         }
         return Ok(GraphProgram { inner: p });
     }
-    match compile_inner(rt, json, &refused) {
+    match compile_inner(rt, json, &refused, &donations) {
         Ok(p) => {
             if let Ok(mut s) = rt.graph_stats.lock() {
                 s.compiled += 1;
@@ -931,6 +1030,8 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         g.set_item("runs", gs.runs)?;
         g.set_item("run_time_s", gs.run_nanos as f64 * 1e-9)?;
         g.set_item("inputs_gathered", gs.inputs_gathered)?;
+        g.set_item("inputs_updated_in_place", gs.inputs_updated_in_place)?;
+        g.set_item("inputs_updated_by_copy", gs.inputs_updated_by_copy)?;
         g.set_item("lower_errors", gs.lower_errors)?;
         g.set_item("kernels", gs.kernels.clone())?;
         g.set_item("kernels_run", gs.kernels_run.clone())?;

@@ -136,35 +136,53 @@ def _optimizer_step(p, grad, m, v, step):
     return (grad * grad).sum()
 
 
-RUNS_AS_ITSELF = {OP: "an in-place op runs as itself between the graph's programs"}
+def _graph_updates():
+    g = tk.report().graphs
+    return g.get("inputs_updated_in_place", 0), g.get("inputs_updated_by_copy", 0)
 
 
 @pytest.mark.parametrize("device", ["cpu", "tpu"])
-def test_torch_compile_updates_the_state_in_place(device):
+def test_torch_compile_updates_the_state_in_place_inside_the_program(device):
     torch._dynamo.reset()
     f = torch.compile(_optimizer_step, backend="tpu_kernels", fullgraph=True)
     state = _state(device)
     want = _want(state)
     ptrs = [t.data_ptr() for t in state]
-    before = _updates()
-    with no_fallbacks(kernels=["adamw_step"], programs=1, allow=RUNS_AS_ITSELF):
+    before = _graph_updates()
+    # The kernel is inlined in the graph's one program; nothing runs in PyTorch.
+    with no_fallbacks(kernels=["adamw_step"], programs=1) as ran:
         out = f(*state)
+    assert ran.kernels == {"adamw_step": 1} and ran.pytorch_nodes == {}
     torch.testing.assert_close(out.cpu(), (state[1].cpu() ** 2).sum())
     assert [t.data_ptr() for t in state] == ptrs
-    after = _updates()
-    assert (after[0] - before[0], after[1] - before[1]) == (3, 0)
+    after = _graph_updates()
+    assert (after[0] - before[0], after[1] - before[1]) == (3, 0), "param, exp_avg, exp_avg_sq donated"
     _check(state, want)
-    eager = tk.report().compiled["eager_reasons"]
-    assert "updates its arguments in place" in eager[OP], eager
-    assert "auto_functionalized_v2" not in tk.report().compiled["eager_nodes"]
     if device == "tpu":
-        # A second step allocates nothing for the state: no clone, no copy back.
+        # A second step allocates nothing for the state: no clone, no new output, no copy back.
         want = _want(state)
         torch.tpu.reset_peak_memory_stats()
         base = torch.tpu.memory_allocated()
         f(*state)
         assert torch.tpu.max_memory_allocated() - base < state[0].numel() * 4
         _check(state, want)
+
+
+def test_a_compiled_in_place_call_the_program_cannot_take_runs_in_place_in_pytorch():
+    # f64 state: no kernel takes it, so the call stays in PyTorch; there it runs in place (the
+    # op's reference writes the tensors), not as clone, update, copy back.
+    torch._dynamo.reset()
+    f = torch.compile(_optimizer_step, backend="tpu_kernels", fullgraph=True)
+    state = _state(shape=(16, 32), dtype=torch.float64)
+    state[4] = torch.tensor(3.0)
+    want = _want(state)
+    ptrs = [t.data_ptr() for t in state]
+    with no_fallbacks(allow={OP: "f64 state: no kernel takes it"}) as ran:
+        f(*state)
+    assert ran.pytorch_nodes == {OP: 1}, ran.pytorch_nodes
+    assert "runs as itself, updating its arguments in place" in tk.report().compiled["eager_reasons"][OP]
+    assert [t.data_ptr() for t in state] == ptrs
+    _check(state, want)
 
 
 def test_torch_compile_keeps_the_functional_form_where_the_old_value_is_read():
@@ -242,10 +260,12 @@ def test_a_pallas_kernel_with_input_output_aliases_updates_its_input_in_place(cl
 
     x, y = torch.randn(256, 512), torch.randn(256, 512)
     want = x + 2 * y
-    ptr, before = x.data_ptr(), updated()
-    with no_fallbacks(kernels=[k.name], programs=1, allow={key: "an in-place op runs as itself"}):
+    ptr, before = x.data_ptr(), tk.report().graphs.get("inputs_updated_in_place", 0)
+    # Both calls inlined in one program, chained; x donated to the second call's result.
+    with no_fallbacks(kernels=[k.name], programs=1) as ran:
         torch.compile(twice, backend="tpu_kernels", fullgraph=True)(x, y)
-    assert x.data_ptr() == ptr and updated() == before + 2
+    assert ran.kernels == {k.name: 2}
+    assert x.data_ptr() == ptr and tk.report().graphs.get("inputs_updated_in_place", 0) == before + 1
     torch.testing.assert_close(x, want)
 
 

@@ -12,7 +12,8 @@
    the process's RSS over 1M kernel calls and 1M fallback calls (target: flat, under 8 MiB of
    growth after the first 10k).
 6. An AdamW step on a 1024x4096 f32 parameter, updated in place (`torch.ops.tpuk.adamw_step`
-   on CPU tensors and on "tpu" tensors), against the same kernel returning fresh outputs
+   on CPU tensors and on "tpu" tensors, and inside a `torch.compile` program that donates the
+   state), against the same kernel returning fresh outputs
    (`tk.call`), PyTorch's fused AdamW kernel (`torch._fused_adamw_`), the update in ATen ops,
    and memcpy (`copy_`) of the same bytes; GB/s counts the 4 arrays read and 3 written.
 
@@ -351,6 +352,15 @@ def adamw_in_place(repeats: int) -> tuple[dict[str, float | str], float]:
     out["tpuk::adamw_step in place, CPU tensors"] = ours_timed("adamw in place", timer(f_cpu), f_cpu, kernels=("adamw_step",))
     f_tpu = lambda: op(*state_tpu)  # noqa: E731
     out["tpuk::adamw_step in place, tpu tensors"] = ours_timed("adamw on tpu", timer(f_tpu), f_tpu, kernels=("adamw_step",))
+    def compiled_step(p, g, m, v, step):
+        op(p, g, m, v, step)
+
+    torch._dynamo.reset()
+    f_comp = torch.compile(compiled_step, backend="tpu_kernels", fullgraph=True)
+    out["torch.compile(step), one program, state donated"] = ours_timed(
+        "compiled adamw", lambda: timed_ms(lambda: f_comp(p, g, m, v, step), repeats),
+        lambda: f_comp(p, g, m, v, step), kernels=("adamw_step",), programs=1,
+    )
     import tpu_kernels as tk
 
     d = tk.Dispatcher(no_fallback=True)

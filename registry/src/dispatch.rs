@@ -100,6 +100,163 @@ pub fn upload_all<'a>(
         .collect()
 }
 
+/// The outputs of an execution that wrote some of them into its inputs' memory
+/// ([`execute_lending`]).
+#[derive(Debug)]
+pub struct LentRun {
+    /// Per output: `None` where its value is now in the memory of the input lent for it.
+    pub outputs: Vec<Option<Buffer>>,
+    /// Outputs the program wrote into the lent memory itself (donated).
+    pub in_place: u64,
+    /// Outputs copied into the lent memory after the run (the runtime could not alias it, or
+    /// another input shares it).
+    pub by_copy: u64,
+}
+
+/// Why [`execute_lending`] did not run ([`LendError::Input`]: nothing was written) or failed.
+#[derive(Clone, Debug)]
+pub enum LendError {
+    Input(String),
+    Run(String),
+}
+
+/// Runs `executable` on `inputs`, with each `(input, output)` of `loans` lent: the program's
+/// output is written into that input's memory, through donation (`kMutableZeroCopy`: the
+/// program's `tf.aliasing_output` makes the output that memory) or, where the runtime does
+/// not alias it, by a copy after the run. An input that shares memory with another input is
+/// not donated (the program still reads that input), and is updated by the copy; two lent
+/// inputs sharing memory are refused before anything runs. Other inputs are read in place
+/// through `views` where possible.
+///
+/// # Safety
+/// For each loan, `inputs[input].data` is memory the caller may write: valid for the call, and
+/// read or written by no one else during it (other inputs excepted).
+pub unsafe fn execute_lending(
+    client: &Client,
+    views: &pjrt::ViewCache,
+    executable: &LoadedExecutable,
+    inputs: &[HostTensor<'_>],
+    loans: &[(usize, usize)],
+) -> Result<LentRun, LendError> {
+    let span = |t: &HostTensor<'_>| {
+        let start = t.data.as_ptr() as usize;
+        (start, start + t.data.len())
+    };
+    let overlaps = |a: (usize, usize), b: (usize, usize)| a.0 < b.1 && b.0 < a.1;
+    let lent_inputs: Vec<usize> = loans.iter().map(|&(i, _)| i).collect();
+    let mut donate = vec![false; inputs.len()];
+    for &(i, out) in loans {
+        let t = inputs.get(i).ok_or_else(|| {
+            LendError::Input(format!("input {i}, lent for output {out}, is not an input"))
+        })?;
+        donate[i] = true;
+        for (j, other) in inputs.iter().enumerate() {
+            if j == i || t.data.is_empty() || other.data.is_empty() {
+                continue;
+            }
+            if overlaps(span(t), span(other)) {
+                if lent_inputs.contains(&j) {
+                    return Err(LendError::Input(format!(
+                        "inputs {i} and {j}, both updated in place, share memory"
+                    )));
+                }
+                donate[i] = false;
+            }
+        }
+    }
+    let mut loaned = Vec::new();
+    let mut lent_buffers: Vec<Option<Buffer>> = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        let mut buffer = None;
+        if donate[i] {
+            let (element, dims) =
+                pjrt_shape(t.ty).map_err(|e| LendError::Input(format!("input {i}: {e}")))?;
+            // SAFETY: the caller lends input `i`'s memory (it has a loan), and no other input
+            // shares it (checked above).
+            let loan = unsafe {
+                client.lend_host_memory(t.data.as_ptr().cast_mut(), t.data.len(), element, &dims)
+            }
+            .map_err(|e| LendError::Input(format!("input {i}: {e}")))?;
+            if let Some((b, loan)) = loan {
+                buffer = Some(b);
+                loaned.push(loan);
+            }
+        }
+        lent_buffers.push(buffer);
+    }
+    let mut held = Vec::with_capacity(inputs.len());
+    for (i, t) in inputs.iter().enumerate() {
+        if lent_buffers[i].is_some() {
+            continue;
+        }
+        let input = pjrt_shape(t.ty)
+            .and_then(|(element, dims)| {
+                views.input(client, t.data, element, &dims).map_err(|e| e.to_string())
+            })
+            .map_err(|e| LendError::Input(format!("input {i}: {e}")))?;
+        held.push(input);
+    }
+    let mut held_iter = held.iter();
+    let mut args = Vec::with_capacity(inputs.len());
+    for b in &mut lent_buffers {
+        match b.take() {
+            Some(b) => args.push(Input::Donated(b)),
+            None => match held_iter.next() {
+                Some(h) => args.push(Input::Borrowed(h)),
+                None => return Err(LendError::Input("an input has no buffer".to_owned())),
+            },
+        }
+    }
+    let outputs = executable.execute_with(args).map_err(|e| LendError::Run(e.to_string()))?;
+    drop(held);
+    let mut outputs: Vec<Option<Buffer>> = outputs.into_iter().map(Some).collect();
+    let (mut in_place, mut by_copy) = (0, 0);
+    for &(i, k) in loans {
+        let Some(out) = outputs.get(k).and_then(Option::as_ref) else {
+            return Err(LendError::Run(format!(
+                "output {k}, to be written into input {i}, is not an output of the program"
+            )));
+        };
+        let target = inputs[i].data;
+        let landed = out
+            .read_in_place(|bytes| {
+                if bytes.as_ptr() == target.as_ptr() {
+                    return Ok(true);
+                }
+                if bytes.len() != target.len() {
+                    return Err(format!(
+                        "output {k} has {} bytes, input {i} {}",
+                        bytes.len(),
+                        target.len()
+                    ));
+                }
+                // SAFETY: the caller lends `target` for writing; the output is a distinct
+                // allocation of the same length.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        bytes.as_ptr(),
+                        target.as_ptr().cast_mut(),
+                        bytes.len(),
+                    );
+                }
+                Ok(false)
+            })
+            .map_err(|e| LendError::Run(e.to_string()))?
+            .map_err(LendError::Run)?;
+        if landed {
+            in_place += 1;
+        } else {
+            by_copy += 1;
+        }
+        // The output aliasing lent memory goes before the runtime releases the memory.
+        outputs[k] = None;
+    }
+    for loan in loaned {
+        loan.wait().map_err(|e| LendError::Run(e.to_string()))?;
+    }
+    Ok(LentRun { outputs, in_place, by_copy })
+}
+
 /// One input of an eager call: row-major host bytes (borrowed) and their type.
 #[derive(Clone, Copy, Debug)]
 pub struct HostTensor<'a> {
@@ -531,143 +688,20 @@ impl Dispatcher {
                 "kernel `{kernel}` updates inputs {mutated:?} in place, the call lends {lent:?}"
             )));
         }
-        let span = |t: &HostTensor<'_>| {
-            let start = t.data.as_ptr() as usize;
-            (start, start + t.data.len())
-        };
-        let overlaps = |a: (usize, usize), b: (usize, usize)| a.0 < b.1 && b.0 < a.1;
-        // A mutated input that shares memory with a read-only one is not donated: the program
-        // would overwrite what it still reads. Two mutated inputs sharing memory is no update.
-        let mut donate = vec![false; inputs.len()];
-        for &i in &mutated {
-            let t = inputs.get(i).ok_or_else(|| {
-                FallbackReason::BadInput(format!(
-                    "kernel `{kernel}` mutates input {i}, the call has {}",
-                    inputs.len()
-                ))
-            })?;
-            donate[i] = true;
-            for (j, other) in inputs.iter().enumerate() {
-                if j == i || t.data.is_empty() || other.data.is_empty() {
-                    continue;
-                }
-                if overlaps(span(t), span(other)) {
-                    if mutated.contains(&j) {
-                        return Err(FallbackReason::BadInput(format!(
-                            "inputs {i} and {j}, both updated in place, share memory"
-                        )));
-                    }
-                    donate[i] = false;
-                }
-            }
-        }
-        let mut loans = Vec::new();
-        let mut lent_buffers: Vec<Option<Buffer>> = Vec::with_capacity(inputs.len());
-        for (i, t) in inputs.iter().enumerate() {
-            let mut buffer = None;
-            if donate[i] {
-                let (element, dims) = pjrt_shape(t.ty)
-                    .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
-                // SAFETY: the caller lends input `i`'s memory (it is in `lent`), and no other
-                // input shares it (checked above).
-                let loan = unsafe {
-                    self.client.lend_host_memory(
-                        t.data.as_ptr().cast_mut(),
-                        t.data.len(),
-                        element,
-                        &dims,
-                    )
-                }
-                .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
-                if let Some((b, loan)) = loan {
-                    buffer = Some(b);
-                    loans.push(loan);
-                }
-            }
-            lent_buffers.push(buffer);
-        }
-        let mut held = Vec::with_capacity(inputs.len());
-        for (i, t) in inputs.iter().enumerate() {
-            if lent_buffers[i].is_some() {
-                continue;
-            }
-            let input = pjrt_shape(t.ty)
-                .and_then(|(element, dims)| {
-                    self.views
-                        .input(&self.client, t.data, element, &dims)
-                        .map_err(|e| e.to_string())
-                })
-                .map_err(|e| FallbackReason::BadInput(format!("input {i}: {e}")))?;
-            held.push(input);
-        }
-        let mut held_iter = held.iter();
-        let mut args = Vec::with_capacity(inputs.len());
-        for b in &mut lent_buffers {
-            match b.take() {
-                Some(b) => args.push(Input::Donated(b)),
-                None => {
-                    args.push(Input::Borrowed(held_iter.next().map(|h| &**h).ok_or_else(|| {
-                        FallbackReason::BadInput("an input has no buffer".to_owned())
-                    })?))
-                }
-            }
-        }
         if let Some(message) = crate::fault::kernel_run(kernel) {
             return Err(FallbackReason::Execute(message));
         }
-        let mut outputs = prepared
-            .executable
-            .execute_with(args)
-            .map_err(|e| FallbackReason::Execute(e.to_string()))?;
-        drop(held);
-        if outputs.len() < mutated.len() {
-            return Err(FallbackReason::Execute(format!(
-                "kernel `{kernel}` returned {} outputs for {} inputs updated in place",
-                outputs.len(),
-                mutated.len()
-            )));
+        let loans: Vec<(usize, usize)> = mutated.iter().enumerate().map(|(k, &i)| (i, k)).collect();
+        // SAFETY: the caller lends the memory of the mutated inputs.
+        let run = unsafe {
+            execute_lending(&self.client, &self.views, &prepared.executable, inputs, &loans)
         }
-        let rest = outputs.split_off(mutated.len());
-        let (mut in_place, mut by_copy) = (0, 0);
-        for (out, &i) in outputs.iter().zip(&mutated) {
-            let target = inputs[i].data;
-            let landed = out
-                .read_in_place(|bytes| {
-                    if bytes.as_ptr() == target.as_ptr() {
-                        return Ok(true);
-                    }
-                    if bytes.len() != target.len() {
-                        return Err(format!(
-                            "output for input {i} has {} bytes, the input {}",
-                            bytes.len(),
-                            target.len()
-                        ));
-                    }
-                    // SAFETY: the caller lends `target` for writing; the output is a distinct
-                    // allocation of the same length.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            bytes.as_ptr(),
-                            target.as_ptr().cast_mut(),
-                            bytes.len(),
-                        );
-                    }
-                    Ok(false)
-                })
-                .map_err(|e| FallbackReason::Execute(e.to_string()))?
-                .map_err(FallbackReason::Execute)?;
-            if landed {
-                in_place += 1;
-            } else {
-                by_copy += 1;
-            }
-        }
-        // The outputs aliasing lent memory go first; then the runtime releases the memory.
-        drop(outputs);
-        for loan in loans {
-            loan.wait().map_err(|e| FallbackReason::Execute(e.to_string()))?;
-        }
-        Ok((rest, in_place, by_copy))
+        .map_err(|e| match e {
+            LendError::Input(m) => FallbackReason::BadInput(m),
+            LendError::Run(m) => FallbackReason::Execute(m),
+        })?;
+        let rest = run.outputs.into_iter().skip(mutated.len()).flatten().collect();
+        Ok((rest, run.in_place, run.by_copy))
     }
 
     fn execute(

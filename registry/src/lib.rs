@@ -15,7 +15,8 @@ pub mod numerics;
 pub mod pjrt;
 
 pub use dispatch::{
-    DispatchError, Dispatcher, Fallback, FallbackReason, GraphRunError, HostTensor,
+    DispatchError, Dispatcher, Fallback, FallbackReason, GraphRunError, HostTensor, LendError,
+    LentRun, execute_lending,
 };
 pub use error::RegistryError;
 pub use index::{

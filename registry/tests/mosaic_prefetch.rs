@@ -247,13 +247,15 @@ fn a_vmem_limit_travels_in_the_backend_config_and_is_checked() {
 }
 
 /// A paged cache update (the write half of paged attention): `new`'s row block `i` goes to
-/// page `pages[i]` of `cache`, in place; the pages no entry names keep their rows.
+/// page `pages[i]` of `cache`, in place (`mutates`: the op writes the cache's own memory); the
+/// pages no entry names keep their rows.
 #[tpu_kernels::tpu_kernel(
     op = "prefetchtest::write_pages",
     dtypes = [i32],
     shapes(pages = [P], cache = f32[R, D], new = f32[N, D]),
     require(N % 8 == 0, R % 8 == 0),
     output = same_as(cache),
+    mutates = [cache],
     tiled(
         prefetch(pages),
         grid = [N / 8],
@@ -309,4 +311,74 @@ fn the_macro_declares_prefetch_tables_index_maps_that_read_them_and_a_vmem_limit
     let k = tpu_kernels_registry::Kernel::from_static(record);
     let worst = tpu_kernels_registry::check::interpreter_agreement(&client, &k, &sig).unwrap();
     assert_eq!(worst, 0.0);
+}
+
+/// The cache is updated in place: the shipped TPU module donates it at `@main` (besides the
+/// kernel's own `input_output_aliases`) and compiles for v5e and v6e, and an eager in-place call
+/// writes the new pages into the caller's memory, the other pages untouched.
+#[test]
+fn the_paged_cache_write_updates_the_cache_where_it_lies() {
+    use tpu_kernels::registration::Platform;
+    use tpu_kernels_registry::pjrt::Topology;
+    use tpu_kernels_registry::{Dispatcher, HostTensor, Registry};
+
+    let record = &write_pages::REGISTRATION;
+    let sig = record.parse_signature("i32[4], f32[48,256], f32[32,256]").unwrap();
+    assert_eq!(record.mutated_inputs().unwrap(), vec![1]);
+    let tpu = record.emit_text(&sig, Platform::Tpu).unwrap();
+    assert!(tpu.contains("%arg1: tensor<48x256xf32> {tf.aliasing_output = 0 : i32}"), "{tpu}");
+    assert!(tpu.contains("output_operand_aliases"), "{tpu}");
+    if let Some(libtpu) = tpu_kernels_registry::pjrt::testing::libtpu_for_tests() {
+        for topology in ["v5e:1x1", "v6e:1x1"] {
+            let topo = Topology::new(&libtpu, topology).unwrap();
+            topo.compile(&Program::text(tpu.clone()), &CompileOptions::new())
+                .unwrap_or_else(|e| panic!("{topology}: {e}"));
+        }
+    }
+    let twin = record.emit(&sig).unwrap().to_text();
+    assert!(twin.contains("tf.aliasing_output = 0 : i32"), "{twin}");
+
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let cache_rt = std::sync::Arc::new(tpu_kernels_registry::cache::CompileCache::new(
+        tpu_kernels_registry::cache::CacheConfig::memory_only(8),
+    ));
+    let d = Dispatcher::new(Registry::global().unwrap(), client, cache_rt).unwrap();
+    let bytes =
+        |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect() };
+    let cache = source();
+    let new: Vec<f64> = (0..32 * COLS).map(|i| -1.0 - i as f64).collect();
+    // The cache's bytes at a 64-byte aligned address, which the runtime can alias.
+    let mut storage = vec![0u8; cache.len() * 4 + 64];
+    let offset = (storage.as_ptr() as usize).next_multiple_of(64) - storage.as_ptr() as usize;
+    storage[offset..offset + cache.len() * 4].copy_from_slice(&bytes(&cache));
+    let (pages, new_bytes) =
+        (IDS.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>(), bytes(&new));
+    let types =
+        [ids(), TensorType::new(DType::F32, [48, COLS]), TensorType::new(DType::F32, [32, COLS])];
+    let lent = &storage[offset..offset + cache.len() * 4];
+    let address = lent.as_ptr() as usize;
+    let inputs = [
+        HostTensor { ty: &types[0], data: &pages, contiguous: true },
+        HostTensor { ty: &types[1], data: lent, contiguous: true },
+        HostTensor { ty: &types[2], data: &new_bytes, contiguous: true },
+    ];
+    // SAFETY: the cache's bytes are this test's own, unused meanwhile.
+    let rest = unsafe { d.call_in_place("prefetchtest::write_pages", &inputs, &[], &[1]) }
+        .expect("in-place call");
+    assert!(rest.is_empty());
+    let stats = &d.stats().ops["prefetchtest::write_pages.default"];
+    assert_eq!((stats.updated_in_place, stats.updated_by_copy), (1, 0));
+    assert_eq!(stats.kernels["write_pages"], 1);
+    let got: Vec<f64> = storage[offset..offset + cache.len() * 4]
+        .chunks_exact(4)
+        .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        .collect();
+    assert_eq!(storage[offset..].as_ptr() as usize, address);
+    let block = (BLOCK * COLS) as usize;
+    let mut want = cache.clone();
+    for (i, id) in IDS.iter().enumerate() {
+        let to = *id as usize * block;
+        want[to..to + block].copy_from_slice(&new[i * block..(i + 1) * block]);
+    }
+    assert_close("write_pages in place", &got, &want, Tolerance::new(0.0, 0.0));
 }

@@ -30,7 +30,7 @@ from . import _stats as _report
 from ._bindings import op_key
 from ._native import native
 from ._output import as_tensor
-from .graph import Unencodable, dumps, fill_masked_outputs, fx_to_json, graph_constants
+from .graph import Unencodable, dumps, fill_masked_outputs, fx_to_json, graph_constants, is_in_place_call
 
 _MAX_SPLITS = 8
 
@@ -110,7 +110,10 @@ class _Program:
     graph in PyTorch instead, or raises under the "raise" error policy."""
 
     def __init__(self, lowered, gm: torch.fx.GraphModule) -> None:
-        self.program, in_perms, out_perms, sources = lowered
+        self.program, in_perms, out_perms, sources, donated = lowered
+        # Program outputs the run wrote into an input's memory (it returns None for them): the
+        # input is the output.
+        self.donated = donated
         self.gm = gm
         # The program's inputs after the placeholders: read at the first run, since the graph
         # is compiled under a fake tensor mode that real tensors must not enter.
@@ -157,6 +160,8 @@ class _Program:
                 f"graph:{self.program.name}", "replay", f"graph ran in PyTorch: {type(e).__name__}: {e}"
             )
             return self.gm(*args)
+        if self.donated:
+            caps = [args[self.donated[j]] if c is None else c for j, c in enumerate(caps)]
         if self.plain:
             outs = [as_tensor(c) for c in caps]
         else:
@@ -349,12 +354,54 @@ def _boundary(gm: torch.fx.GraphModule):
     return work, in_perms, out_perms, sources
 
 
-def _lower(gm: torch.fx.GraphModule, name: str):
+def _donor(node):
+    """The graph input whose memory may take `node`'s value: `node` is an updated argument's
+    new value from an in-place op's call (`auto_functionalized_v2`), whose base is that input,
+    directly or through a chain of such calls, and nothing else in the graph reads the input or
+    the values in between (an optimizer's state). None otherwise."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is operator.getitem:
+        call, index = node.args
+        if not is_in_place_call(call) or not isinstance(index, int) or index < 1:
+            return None
+        base = call.kwargs["_all_bases"][index - 1]
+        if not isinstance(base, torch.fx.Node) or set(base.users) != {call}:
+            return None
+        if base.op == "placeholder":
+            return base
+        node = base
+    return None
+
+
+def _donations(gm, in_perms, out_perms, sources) -> dict[int, int]:
+    """{program output: graph input} for the outputs that may be computed into an input's own
+    memory (`_donor`), each input once, both crossing row-major."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    position = {n: k for k, n in enumerate(placeholders)}
+    _, items = _out_items(gm)
+    out: dict[int, int] = {}
+    for r, src in zip(items, sources):
+        if src is None or src[0] != "out" or out_perms[src[1]] is not None:
+            continue
+        donor = _donor(r)
+        k = position.get(donor)
+        if k is not None and in_perms[k] is None and k not in out.values():
+            out[src[1]] = k
+    return out
+
+
+def _lower(gm: torch.fx.GraphModule, name: str, whole: bool = False):
+    """Lowers `gm` to a program: (program, in_perms, out_perms, sources, donated). `whole`: `gm`
+    is the graph AOT autograd handed over (not a part of it), so an input that an in-place op
+    updates and nothing else reads may be donated to its new value (`donated`: {program output:
+    input}); the run writes that output into the input's memory."""
     from ._bindings import refused_kernels
 
     work, in_perms, out_perms, sources = _boundary(gm)
-    program = native().compile_graph(dumps(fx_to_json(work, name)), refused_kernels())
-    return program, in_perms, out_perms, sources
+    donated = _donations(gm, in_perms, out_perms, sources) if whole else {}
+    program = native().compile_graph(
+        dumps(fx_to_json(work, name)), refused_kernels(), sorted((k, j) for j, k in donated.items())
+    )
+    return program, in_perms, out_perms, sources, donated
 
 
 _NODE_RE = re.compile(r"node `([^`]+)`")
@@ -367,6 +414,8 @@ def _supported_pred(supported: set[str], bad: set[str]):
         if node.target is operator.getitem:
             src = node.args[0]
             return isinstance(src, torch.fx.Node) and ok(src)
+        if is_in_place_call(node):
+            return op_key(node.args[0]) in supported
         if not isinstance(node.target, torch._ops.OpOverload) or node.target._schema.is_mutable:
             return False
         val = node.meta.get("val")
@@ -389,7 +438,7 @@ def _updates_in_place(op) -> bool:
     return any(info.get("mutates") for info in TABLE.by_op.get(op_key(op), ()))
 
 
-def reinplace(gm: torch.fx.GraphModule) -> int:
+def reinplace(gm: torch.fx.GraphModule, only: set | None = None) -> list:
     """Runs the in-place ops this package defines (`tpuk::adamw_step`) in place in `gm`, as
     eager code does: functionalization turned each call into `auto_functionalized_v2`, which
     clones the updated arguments, runs the op on the clones and returns them for AOT autograd
@@ -397,14 +446,16 @@ def reinplace(gm: torch.fx.GraphModule) -> int:
     reads (an optimizer's parameters and state), the call runs on the input itself and the
     input is returned as its new value: the kernel writes its memory (donated to the program)
     and the copy back is a copy onto itself, which PyTorch skips. Arguments that are views,
-    or that other nodes read or autograd saves, keep the functional form. Returns how many
-    calls now run in place."""
+    or that other nodes read or autograd saves, keep the functional form. `only`: the names of
+    the calls to consider (all when None). Returns the in-place calls made."""
     hop = getattr(torch.ops.higher_order, "auto_functionalized_v2", None)
     if hop is None:
         return 0
     done = []
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not hop or not node.args:
+            continue
+        if only is not None and node.name not in only:
             continue
         op = node.args[0]
         if not _updates_in_place(op):
@@ -451,12 +502,11 @@ def reinplace(gm: torch.fx.GraphModule) -> int:
     if done:
         gm.graph.lint()
         gm.recompile()
-    return len(done)
+    return done
 
 
 def compile_graph_module(gm: torch.fx.GraphModule, name: str):
     """Lowers `gm` (ATen, static shapes) into one or more programs; returns a callable."""
-    reinplace(gm)
     supported = set(native().supported_ops())
     bad: set[str] = set()
     reasons: dict[str, str] = {}
@@ -475,7 +525,7 @@ def compile_graph_module(gm: torch.fx.GraphModule, name: str):
                 reasons.setdefault(key, why)
         if not bad:
             try:
-                program = _lower(gm, name)
+                program = _lower(gm, name, whole=True)
             except (ValueError, Unencodable) as e:
                 if not _blame(gm, str(e), bad, reasons):
                     whole = f"graph not lowered: {type(e).__name__}: {str(e)[:300]}"
@@ -491,7 +541,10 @@ def compile_graph_module(gm: torch.fx.GraphModule, name: str):
         result = _split(gm, name, ok, bad, reasons)
         if result is not None:
             return result
-    # Nothing lowers: the whole graph runs in PyTorch.
+    # Nothing lowers: the whole graph runs in PyTorch (in-place calls in place).
+    for call in reinplace(gm):
+        reasons.setdefault(op_key(call.target), "runs as itself, updating its arguments in place")
+    calls = [n for n in gm.graph.nodes if n.op == "call_function"]
     eager = {op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target): reasons.get(
         op_key(n.target) if isinstance(n.target, torch._ops.OpOverload) else str(n.target), whole)
         for n in calls if n.target is not operator.getitem}
@@ -524,6 +577,10 @@ def _split(gm, name, ok, bad, reasons):
             return ok(node)
 
     work = _copy(gm)
+    # In-place calls left to PyTorch run in place, not as clone-update-copy.
+    hop_reason = reasons.get(str(getattr(torch.ops.higher_order, "auto_functionalized_v2", "")), "not lowered")
+    for call in reinplace(work, only={n for n in bad if n.startswith("auto_functionalized")}):
+        reasons[op_key(call.target)] = f"{hop_reason}; runs as itself, updating its arguments in place"
     partitioner = CapabilityBasedPartitioner(work, Support(), allows_single_node_partition=True)
     partitions = partitioner.propose_partitions()
     fused = partitioner.fuse_partitions(partitions)

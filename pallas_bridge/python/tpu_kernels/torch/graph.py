@@ -132,6 +132,56 @@ def fill_masked_outputs(node, vals: list) -> list:
     return out
 
 
+def _auto_functionalized():
+    return getattr(torch.ops.higher_order, "auto_functionalized_v2", None)
+
+
+def is_in_place_call(node) -> bool:
+    """Whether `node` is functionalization's form of a call of an op whose kernels update its
+    arguments in place (`auto_functionalized_v2(tpuk.adamw_step.default, ...)`), with each
+    updated argument a whole base (not a view of one) and the op returning nothing else."""
+    from ._bindings import TABLE
+
+    hop = _auto_functionalized()
+    if hop is None or node.target is not hop or not node.args:
+        return False
+    op = node.args[0]
+    if not isinstance(op, torch._ops.OpOverload) or op._schema.returns:
+        return False
+    TABLE.refresh()
+    if not any(info.get("mutates") for info in TABLE.by_op.get(op_key(op), ())):
+        return False
+    try:
+        in_place_call(node)
+    except Unencodable:
+        return False
+    return True
+
+
+def in_place_call(node):
+    """(op, kwargs by argument name with each updated argument's base, the updated arguments in
+    the kernels' output order) of an `auto_functionalized_v2` node."""
+    from ._bindings import TABLE
+
+    op = node.args[0]
+    kwargs = dict(node.kwargs)
+    bases = list(kwargs.pop("_all_bases", []))
+    written = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    for n in written:
+        index = kwargs.pop(f"_{n}_base_index", None)
+        if index is None or index >= len(bases):
+            raise Unencodable(f"`{n}` is not a whole base")
+        kwargs[n] = bases[index]
+    if any(k.startswith("_") for k in kwargs):
+        # `_<name>_size`, `_<name>_stride`, ...: an updated argument is a view of its base.
+        raise Unencodable("an updated argument is a view")
+    infos = TABLE.by_op.get(op_key(op), ())
+    order = list(next((i["mutates"] for i in infos if i.get("mutates")), written))
+    if sorted(order) != sorted(written):
+        raise Unencodable(f"the kernels update {order}, the op writes {written}")
+    return op, kwargs, order
+
+
 def node_json(name: str, func, args, kwargs, outputs: list[str], ref) -> dict:
     schema = func._schema
     node = {
@@ -189,7 +239,26 @@ def fx_to_json(gm: torch.fx.GraphModule, name: str) -> dict:
         elif node.op == "call_function" and node.target is operator.getitem:
             src, index = node.args
             base = ref(src)
+            if "outputs_by_index" in base:
+                # An in-place op's functional form: result `index` is a new base (see below).
+                index = base["outputs_by_index"].get(index)
+                if index is None:
+                    raise Unencodable(f"node `{node.name}`: result {node.args[1]} of `{src.name}` is not a tensor")
             refs[node] = {"node": base["node"], **({"output": index} if index else {})}
+        elif node.op == "call_function" and is_in_place_call(node):
+            # `auto_functionalized_v2(op, ...)`: the op a kernel updates arguments of, as the
+            # pure function the kernel is (its outputs are the updated arguments' new values).
+            op, kwargs, order = in_place_call(node)
+            try:
+                out_types = [short_type(kwargs[n].meta.get("val")) for n in order]
+                nodes.append(node_json(node.name, op, (), kwargs, out_types, ref))
+            except Unencodable as e:
+                raise Unencodable(f"node `{node.name}` ({op_key(op)}): {e}") from None
+            # Result 1 + b of the call is the new value of base b: the kernel's output for the
+            # argument whose base that is.
+            bases = node.kwargs["_all_bases"]
+            by_index = {1 + bases.index(kwargs[n]): k for k, n in enumerate(order)}
+            refs[node] = {"node": node.name, "outputs_by_index": by_index}
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             val = node.meta.get("val")
             vals = list(val) if isinstance(val, (tuple, list)) else [val]
