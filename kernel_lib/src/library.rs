@@ -913,6 +913,12 @@ mod tests {
         ] {
             assert!(text.contains(field), "{field} missing from {text}");
         }
+        assert!(!text.contains("\"mutates\""), "only kernels that update inputs say so: {text}");
+        let adamw =
+            crate::registered().into_iter().find(|k| k.name == "adamw_step").expect("adamw");
+        let text = describe_json("demo", &[adamw]);
+        let want = "\"mutates\": [\"param\", \"exp_avg\", \"exp_avg_sq\"]";
+        assert!(text.contains(want), "{want} missing from {text}");
         let mut s = String::new();
         json_str(&mut s, "a\"b\\c\n\u{1}");
         assert_eq!(s, "\"a\\\"b\\\\c\\n\\u0001\"");

@@ -28,7 +28,7 @@ from tpu_kernels.testing import (  # noqa: E402
 from tpu_kernels.torch import substitute  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN = ["gated_rms_norm", "linear_act", "scaled_silu", "scaled_silu_backward", "softcap"]
+OWN = ["ema_update", "gated_rms_norm", "linear_act", "scaled_silu", "scaled_silu_backward", "softcap"]
 
 
 def _cdylib(package: str, lib_name: str) -> Path:
@@ -175,6 +175,25 @@ def test_the_librarys_kernels_serve_the_tpu_device(lib):
     _check_all([o.cpu() for o in outs], x, gate, w)
 
 
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_an_in_place_library_kernel_updates_its_argument_where_it_lies(lib, device):
+    op = torch.ops.my_kernels.ema_update.default
+    assert "Tensor(a!) avg" in str(op._schema) and str(op._schema).endswith("-> ()")
+    g = torch.Generator().manual_seed(3)
+    avg, x = (torch.randn(64, 128, generator=g).to(device) for _ in range(2))
+    want = 0.9 * avg.cpu() + 0.1 * x.cpu()
+    ptr = avg.data_ptr()
+    key = "my_kernels::ema_update.default"
+    before = tk.report().ops.get(key, {}).get("updated_in_place", 0)
+    with no_fallbacks(kernels=["ema_update"]):
+        assert op(avg, x, decay=0.9) is None
+    assert avg.data_ptr() == ptr
+    assert tk.report().ops[key]["updated_in_place"] == before + 1
+    torch.testing.assert_close(avg.cpu(), want)
+    if device == "tpu":
+        assert key not in tk.report().device["fallbacks"], "ran at the device's key"
+
+
 def test_torch_compile(lib):
     import tpu_kernels.torch.backend  # noqa: F401
     from tpu_kernels.torch import report
@@ -206,12 +225,13 @@ def test_autograd_from_the_backward_pairing(lib):
     assert_close_to_reference(x.grad, xr.grad)
 
 
-@pytest.mark.parametrize("name", ["scaled_silu", "gated_rms_norm", "softcap"])
+@pytest.mark.parametrize("name", ["scaled_silu", "gated_rms_norm", "softcap", "ema_update"])
 def test_opcheck(lib, name):
-    """Schema, fake function (for softcap, the library's output types), autograd registration
-    and AOT dispatch of each op."""
+    """Schema (for ema_update, that it writes what it declares and nothing else), fake function
+    (for softcap, the library's output types), autograd registration and AOT dispatch of each
+    op."""
     x, gate, w = _inputs()
-    args = {"scaled_silu": (x,), "gated_rms_norm": (x, gate, w), "softcap": (x,)}[name]
+    args = {"scaled_silu": (x,), "gated_rms_norm": (x, gate, w), "softcap": (x,), "ema_update": (x, gate)}[name]
     with no_fallbacks(kernels=[name]):
         torch.library.opcheck(getattr(torch.ops.my_kernels, name).default, args)
 
@@ -267,7 +287,7 @@ def test_refused_loads_register_nothing(lib, lib_path, tmp_path):
     # The same library at another path is another library, whose kernel names are taken.
     copy = tmp_path / "libmy_kernels_copy.so"
     shutil.copy(lib_path, copy)
-    _refused(copy, "kernel `gated_rms_norm` clashes with the registered kernel of that name \\(loaded from")
+    _refused(copy, "kernel `ema_update` clashes with the registered kernel of that name \\(loaded from")
 
 
 def test_an_abi_mismatch_is_refused_naming_both_versions(lib):

@@ -12,11 +12,12 @@
 //! Every kernel binds an op of the crate's own namespace (`my_kernels::...`), which loading
 //! defines as a `torch.library` op. The one line that makes the crate a library is
 //! [`tpu_kernels::export_library!`] at the bottom of this file; the library describes only this
-//! crate's kernels (`gated_rms_norm`, `linear_act`, `scaled_silu`, `scaled_silu_backward`,
-//! `softcap`), not the standard ones it links in (`registry/tests/library.rs` loads the built
-//! file and checks it). `linear_act` is a tiled TPU kernel: a grid of VMEM blocks, an f32
-//! accumulator over the K axis and a bias + activation epilogue, whose TPU variant is a Mosaic
-//! `tpu_custom_call` and whose CPU variant is its twin.
+//! crate's kernels (`ema_update`, `gated_rms_norm`, `linear_act`, `scaled_silu`,
+//! `scaled_silu_backward`, `softcap`), not the standard ones it links in
+//! (`registry/tests/library.rs` loads the built file and checks it). `linear_act` is a tiled TPU
+//! kernel: a grid of VMEM blocks, an f32 accumulator over the K axis and a bias + activation
+//! epilogue, whose TPU variant is a Mosaic `tpu_custom_call` and whose CPU variant is its twin.
+//! `ema_update` updates its first argument in place (`mutates`).
 
 use tpu_kernels::kernels::tiled::{accumulate, activate};
 use tpu_kernels::mosaic::dsl::{Block, Tiled};
@@ -122,6 +123,28 @@ pub fn softcap(x: Tensor, cap: f64) -> Result<Tensor, BuildError> {
     }
     let xf = upcast(x);
     Ok(((xf * (1.0 / cap)).tanh() * cap).cast(x.dtype()))
+}
+
+/// `avg = decay * avg + (1 - decay) * x`, in place: an exponential moving average (of weights, of
+/// statistics), computed in f32 for 16-bit inputs. `mutates = [avg]`: the op takes `avg` as
+/// `Tensor(a!)`, returns nothing, and writes the new average into `avg`'s own memory.
+#[tpu_kernel(
+    op = "my_kernels::ema_update",
+    dtypes = [f32, bf16, f16],
+    same_dtype,
+    shapes(avg = [..], x = [..]),
+    defaults(decay = 0.99),
+    cache_key = [decay],
+    output = same_as(avg),
+    mutates = [avg],
+    canonical = ["f32[8,128], f32[8,128]", "bf16[4,256], bf16[4,256]; decay=0.9"],
+)]
+pub fn ema_update(avg: Tensor, x: Tensor, decay: f64) -> Result<Tensor, BuildError> {
+    if avg.shape() != x.shape() {
+        let message = format!("avg {} and x {} differ in shape", avg.ty(), x.ty());
+        return Err(declined("ema_update", message));
+    }
+    Ok((upcast(avg) * decay + upcast(x) * (1.0 - decay)).cast(avg.dtype()))
 }
 
 /// `act(x @ w + b)` as a tiled TPU kernel: blocks of at most 256 x 256 outputs, K in steps of
