@@ -1,6 +1,8 @@
 //! Costs of the PJRT layer on the XLA CPU plugin, printed side by side with their targets:
 //! tiny round trip, execute alone, in-place read, a 64 MiB elementwise kernel with donation
-//! against memcpy in the same run, and compile times.
+//! against memcpy in the same run, the same kernel writing a fresh output and writing into
+//! reused host memory lent to it (`execute_lending`: how eager calls update tensors in place),
+//! and compile times.
 //!
 //! The memcpy baseline is the faster of a single-threaded `copy_from_slice` and the same copy
 //! split in one chunk per CPU over as many threads (`std::thread::scope`), as
@@ -15,9 +17,12 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
+use tpu_kernels::{DType, TensorType};
 use tpu_kernels_registry::pjrt::{
-    Buffer, Client, ClientOptions, CompileOptions, Input, LoadedExecutable, Plugin, Program,
+    Buffer, Client, ClientOptions, CompileOptions, ElementType, Input, LoadedExecutable, Plugin,
+    Program, ViewCache,
 };
+use tpu_kernels_registry::{HostTensor, execute_lending};
 
 const ADD: &str = r#"
 func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
@@ -31,6 +36,24 @@ fn inplace_add_one() -> String {
     format!(
         r#"
 func.func @main(%x: tensor<{N_64MIB}xf32> {{tf.aliasing_output = 0 : i32}}) -> tensor<{N_64MIB}xf32> {{
+  %one = stablehlo.constant dense<1.0> : tensor<{N_64MIB}xf32>
+  %0 = stablehlo.add %x, %one : tensor<{N_64MIB}xf32>
+  return %0 : tensor<{N_64MIB}xf32>
+}}"#
+    )
+}
+
+/// `x + 1` into a fresh output (`lent = false`), or into a second parameter whose memory the
+/// caller lends (`tf.aliasing_output`: the output is that memory).
+fn add_one(lent: bool) -> String {
+    let out = if lent {
+        format!(", %o: tensor<{N_64MIB}xf32> {{tf.aliasing_output = 0 : i32}}")
+    } else {
+        String::new()
+    };
+    format!(
+        r#"
+func.func @main(%x: tensor<{N_64MIB}xf32>{out}) -> tensor<{N_64MIB}xf32> {{
   %one = stablehlo.constant dense<1.0> : tensor<{N_64MIB}xf32>
   %0 = stablehlo.add %x, %one : tensor<{N_64MIB}xf32>
   return %0 : tensor<{N_64MIB}xf32>
@@ -89,6 +112,8 @@ struct Setup {
     client: Client,
     add: LoadedExecutable,
     inplace: LoadedExecutable,
+    fresh: LoadedExecutable,
+    into_lent: LoadedExecutable,
 }
 
 fn setup() -> Option<Setup> {
@@ -102,7 +127,9 @@ fn setup() -> Option<Setup> {
     let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(1)).ok()?;
     let add = client.compile(&Program::text(ADD), &CompileOptions::new()).ok()?;
     let inplace = client.compile(&Program::text(inplace_add_one()), &CompileOptions::new()).ok()?;
-    Some(Setup { client, add, inplace })
+    let fresh = client.compile(&Program::text(add_one(false)), &CompileOptions::new()).ok()?;
+    let into_lent = client.compile(&Program::text(add_one(true)), &CompileOptions::new()).ok()?;
+    Some(Setup { client, add, inplace, fresh, into_lent })
 }
 
 fn round_trip(s: &Setup, a: &[f32; 4], b: &[f32; 4]) -> f32 {
@@ -117,6 +144,33 @@ fn round_trip_to_host(s: &Setup, a: &[f32; 4], b: &[f32; 4], dst: &mut [f32; 4])
     let y = s.client.buffer_from_host(b, &[4]).expect("upload");
     let out = s.add.execute(&[&x, &y]).expect("execute");
     out[0].to_host(dst).expect("read");
+}
+
+/// 64 MiB of f32 at a 64-byte aligned address (the runtime aliases only aligned host memory):
+/// the vector and the offset.
+fn aligned_64mib() -> (Vec<u8>, usize) {
+    let v = vec![1u8; N_64MIB * 4 + 64];
+    let offset = (v.as_ptr() as usize).next_multiple_of(64) - v.as_ptr() as usize;
+    (v, offset)
+}
+
+/// `x + 1` with `x` read in place and the result in a fresh buffer, dropped.
+fn fresh_step(s: &Setup, views: &ViewCache, x: &[u8]) {
+    let v = views.input(&s.client, x, ElementType::F32, &[N_64MIB as i64]).expect("view");
+    black_box(s.fresh.execute(&[&v]).expect("execute"));
+}
+
+/// `x + 1` written into `out`, memory the caller lends (reused every step).
+fn lent_step(s: &Setup, views: &ViewCache, x: &[u8], out: &[u8]) {
+    let ty = TensorType::new(DType::F32, [N_64MIB as u64]);
+    let inputs = [
+        HostTensor { ty: &ty, data: x, contiguous: true },
+        HostTensor { ty: &ty, data: out, contiguous: true },
+    ];
+    // SAFETY: `out` is the bench's own buffer, which nothing else reads or writes meanwhile.
+    let run = unsafe { execute_lending(&s.client, views, &s.into_lent, &inputs, &[(1, 0)]) }
+        .expect("execute");
+    assert_eq!(run.in_place, 1, "the output is the lent memory");
 }
 
 fn donate_step(s: &Setup, buf: Buffer) -> Buffer {
@@ -157,6 +211,11 @@ fn benches(c: &mut Criterion, s: &Setup) {
             buf = Some(next);
         })
     });
+    let views = ViewCache::default();
+    let ((xv, xo), (ov, oo)) = (aligned_64mib(), aligned_64mib());
+    let (x, o) = (&xv[xo..xo + N_64MIB * 4], &ov[oo..oo + N_64MIB * 4]);
+    g.bench_function("add_one_fresh_output", |bench| bench.iter(|| fresh_step(s, &views, x)));
+    g.bench_function("add_one_into_lent_memory", |bench| bench.iter(|| lent_step(s, &views, x, o)));
     let src = vec![1u8; N_64MIB * 4];
     let mut dst = vec![0u8; N_64MIB * 4];
     g.bench_function("memcpy", |bench| {
@@ -212,6 +271,11 @@ fn summary(s: &Setup) {
         let next = donate_step(s, buf.take().expect("buffer"));
         buf = Some(next);
     });
+    let views = ViewCache::default();
+    let ((xv, xo), (ov, oo)) = (aligned_64mib(), aligned_64mib());
+    let (x, o) = (&xv[xo..xo + N_64MIB * 4], &ov[oo..oo + N_64MIB * 4]);
+    let fresh = median(15, 1, || fresh_step(s, &views, x));
+    let into_lent = median(15, 1, || lent_step(s, &views, x, o));
     let src = vec![1u8; N_64MIB * 4];
     let mut dst = vec![0u8; N_64MIB * 4];
     let memcpy_1 = median(15, 1, || {
@@ -278,6 +342,20 @@ fn summary(s: &Setup) {
         "{:<52} {:>9.2} ms {:>14} {:>7}",
         format!("64 MiB x+1, donated ({:.1} GB/s r+w)", gbps(kernel)),
         ms(kernel),
+        "",
+        ""
+    );
+    println!(
+        "{:<52} {:>9.2} ms {:>14} {:>7}",
+        format!("64 MiB x+1, fresh output ({:.1} GB/s r+w)", gbps(fresh)),
+        ms(fresh),
+        "",
+        ""
+    );
+    println!(
+        "{:<52} {:>9.2} ms {:>14} {:>7}",
+        format!("64 MiB x+1 into lent memory ({:.1} GB/s r+w)", gbps(into_lent)),
+        ms(into_lent),
         "",
         ""
     );
