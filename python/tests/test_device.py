@@ -288,6 +288,26 @@ def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+def test_reloading_or_importing_the_device_module_again_keeps_the_device():
+    r = _run(
+        """
+        import importlib, sys
+        import torch
+        import tpu_kernels.device as d
+        x = torch.ones(3, device="tpu")
+        importlib.reload(d)
+        del sys.modules["tpu_kernels.device"]
+        import tpu_kernels.device as again
+        from tpu_kernels.testing import no_fallbacks
+        with no_fallbacks(kernels=["gelu"]):
+            torch.nn.functional.gelu(torch.randn(8, 128, device="tpu"))
+        print(again.is_installed(), (x * 2).cpu().tolist(), torch.tpu.is_available())
+        """
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "True [2.0, 2.0, 2.0] True"
+
+
 def test_a_privateuse1_key_another_backend_holds_is_left_alone():
     r = _run(
         """

@@ -49,7 +49,19 @@ from .errors import RuntimeUnavailableError
 NAME = "tpu"
 
 _lock = threading.RLock()
-_state: dict = {"installed": False, "reason": None, "announced": False, "bound": {}}
+
+
+def _process_state() -> dict:
+    """The device's state, one per process, kept on the device module torch holds: a reload of
+    this module (``importlib.reload``), or an import after one that failed halfway, finds the
+    device already registered, with its bound ops, and carries on with it."""
+    held = getattr(getattr(torch, NAME, None), "_tpu_kernels_state", None)
+    if isinstance(held, dict):
+        return held
+    return {"installed": False, "reason": None, "announced": False, "bound": {}, "listening": False}
+
+
+_state: dict = _process_state()
 
 
 def is_installed() -> bool:
@@ -469,12 +481,15 @@ def _install() -> None:
                 f"the tpu device's C++ shim does not fit this package's runtime: {e}; scripts/dev builds both"
             ) from e
         torch.utils.rename_privateuse1_backend(NAME)
-        module = _make_module()
-        module._tpu_kernels = True
-        torch._register_device_module(NAME, module)
-        torch.utils.generate_methods_for_privateuse1_backend(
-            for_tensor=True, for_module=False, for_packed_sequence=True, for_storage=True
-        )
+        if not getattr(getattr(torch, NAME, None), "_tpu_kernels", False):
+            module = _make_module()
+            module._tpu_kernels = True
+            module._tpu_kernels_state = _state
+            torch._register_device_module(NAME, module)
+        if not hasattr(torch.Tensor, f"is_{NAME}"):
+            torch.utils.generate_methods_for_privateuse1_backend(
+                for_tensor=True, for_module=False, for_packed_sequence=True, for_storage=True
+            )
         _keep_tied_parameters()
         _route_inductor()
         from .torch._bindings import CPU_KEEPS_INPUT_DTYPE
@@ -483,7 +498,9 @@ def _install() -> None:
         _state["installed"] = True
         _state["reason"] = None
         sync()
-        _events.on_registry_change(sync)
+        if not _state["listening"]:
+            _events.on_registry_change(sync)
+            _state["listening"] = True
         env_mode = os.environ.get("TPUK_MODE")
         if env_mode:
             set_mode(env_mode)
