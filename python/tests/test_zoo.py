@@ -97,11 +97,22 @@ def test_zoo_model_trains_a_step(references, name, path):
 
 # bf16 autocast, the TPU's native precision, checked on whole models. Both sides round to bf16
 # at every autocast op, ours with f32 accumulation inside kernels and programs, PyTorch's CPU ops
-# in their own order: the loss within BF16_LOSS_RTOL and each gradient within BF16_GRAD of its
-# tensor's largest entry (bf16 keeps 8 bits: a rounding step is 0.4% to 0.8% of a value).
+# in their own order, so two bf16 runs need not agree with each other element by element: where
+# a value near a ReLU's kink rounds to the other side, a gradient entry flips (t5's feed-forward
+# gradient differs in 21 of 8192 entries by up to 12% of its largest one between PyTorch's bf16
+# and ours, on some CPUs). What must hold is that ours is as accurate as PyTorch's own bf16:
+# measured against the f32 step, each gradient's relative L2 error is at most BF16_GRAD_FACTOR
+# times PyTorch's bf16 error plus BF16_GRAD_FLOOR, and the loss is within BF16_LOSS_RTOL of
+# PyTorch's bf16 loss. A wrong kernel is far outside that (its error is of order 1).
 BF16_MODELS = ["llama", "gpt2", "bert", "t5"]
 BF16_LOSS_RTOL = 2e-3
-BF16_GRAD = 5e-2
+BF16_GRAD_FACTOR = 1.5
+BF16_GRAD_FLOOR = 1e-2
+
+
+def _relative_error(x: torch.Tensor, truth: torch.Tensor) -> float:
+    scale = float(truth.double().norm())
+    return float((x.double() - truth.double()).norm()) / scale if scale else float(x.double().norm())
 
 
 @pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile", "tpu", "tpu-compile"])
@@ -111,12 +122,16 @@ def test_zoo_model_trains_a_bf16_autocast_step(references, name, path):
     if key not in references:
         references[key] = zoo.train_step(zoo.SPECS[name], "eager", autocast=torch.bfloat16)
     ref = references[key]
+    truth = _reference(references, name)
     with no_fallbacks(ops=[], programs=1 if path in ("compile", "tpu-compile") else 0) as ran:
         got = zoo.train_step(zoo.SPECS[name], path, autocast=torch.bfloat16)
     assert ran.kernels, f"{name} bf16 in {path}: no kernel ran"
     assert not ran.pytorch_nodes, f"{name} bf16 compiled: nodes left to PyTorch: {ran.pytorch_nodes}"
     torch.testing.assert_close(got.loss, ref.loss, rtol=BF16_LOSS_RTOL, atol=0)
-    for k, r in ref.grads.items():
-        worst = float((got.grads[k] - r).abs().max())
-        scale = float(r.abs().max())
-        assert worst <= BF16_GRAD * scale + 1e-6, f"{name} bf16 in {path}: grad {k}: off by {worst:.3g}, largest {scale:.3g}"
+    assert got.grads.keys() == ref.grads.keys(), f"{name} bf16 in {path}: gradients for other parameters"
+    for k, t in truth.grads.items():
+        ours, theirs = _relative_error(got.grads[k], t), _relative_error(ref.grads[k], t)
+        assert ours <= BF16_GRAD_FACTOR * theirs + BF16_GRAD_FLOOR, (
+            f"{name} bf16 in {path}: grad {k}: relative error {ours:.3g} against the f32 step, "
+            f"PyTorch's bf16 has {theirs:.3g}"
+        )
