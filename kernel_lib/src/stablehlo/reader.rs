@@ -898,6 +898,105 @@ impl<'t> Module<'t> {
         }
         Ok(out)
     }
+
+    /// This module with an entry that also takes one parameter per output in `outputs`, in
+    /// that order, after its own: each has its output's type and `tf.aliasing_output` naming
+    /// it, and is never read. A caller donates memory for those outputs (memory it allocated
+    /// and reuses), and the runtime writes the outputs there instead of into fresh buffers.
+    ///
+    /// The new `@main` calls the module's functions, placed as by
+    /// [`Module::functions_for_inlining`] (so a module declaring `sdy.mesh` is refused), and
+    /// keeps the old entry's argument and result attributes. Module attributes are kept. An
+    /// output listed twice, out of range, or already written into an argument (its own
+    /// `tf.aliasing_output`) is an error naming it.
+    pub fn with_output_params(&self, outputs: &[usize]) -> Result<String, ReadError> {
+        let entry = self.main()?;
+        for (k, &out) in outputs.iter().enumerate() {
+            if out >= entry.results.len() {
+                return Err(ReadError::detached(format!(
+                    "output {out} does not exist: @{} has {} results",
+                    entry.name,
+                    entry.results.len()
+                )));
+            }
+            if outputs[..k].contains(&out) {
+                return Err(ReadError::detached(format!("output {out} is listed twice")));
+            }
+            let aliased = entry.args.iter().position(|a| {
+                a.attributes.iter().any(|(name, value)| {
+                    name.trim_matches('"') == "tf.aliasing_output"
+                        && value.split(':').next().map(str::trim) == Some(&*out.to_string())
+                })
+            });
+            if let Some(arg) = aliased {
+                return Err(ReadError::detached(format!(
+                    "output {out} is already written into argument {arg}"
+                )));
+            }
+        }
+        // Every function is renamed (`@tpuk_body`, `@tpuk_body_f`), so no new name meets an old
+        // one, and none is `@main`.
+        let prefix = "tpuk_body";
+        let inlined = self.functions_for_inlining(prefix)?;
+        let mut text = String::from("module");
+        if let Some(name) = &self.name {
+            text.push(' ');
+            text.push_str(&format_symbol(name));
+        }
+        if !self.attributes.is_empty() {
+            text.push_str(" attributes ");
+            push_dict(&mut text, &self.attributes);
+        }
+        text.push_str(" {\n");
+        for f in &inlined {
+            text.push_str("  ");
+            text.push_str(&f.text);
+            text.push('\n');
+        }
+        let mut args: Vec<Arg> = entry
+            .args
+            .iter()
+            .enumerate()
+            .map(|(i, a)| Arg {
+                name: Some(format!("%arg{i}")),
+                ty: a.ty.clone(),
+                attributes: a.attributes.clone(),
+            })
+            .collect();
+        for &out in outputs {
+            args.push(Arg {
+                name: Some(format!("%arg{}", args.len())),
+                ty: entry.results[out].ty.clone(),
+                attributes: vec![("tf.aliasing_output".to_owned(), format!("{out} : i32"))],
+            });
+        }
+        text.push_str("  func.func public @main");
+        push_signature(&mut text, &args, &entry.results, &[]);
+        text.push_str(" {\n");
+        let takes: Vec<String> = entry.args.iter().map(|a| a.ty.to_string()).collect();
+        let operands: Vec<String> = (0..entry.args.len()).map(|i| format!("%arg{i}")).collect();
+        let gives: Vec<String> = entry.results.iter().map(|r| r.ty.to_string()).collect();
+        let (lhs, values) = match gives.len() {
+            0 => (String::new(), Vec::new()),
+            1 => ("%0 = ".to_owned(), vec!["%0".to_owned()]),
+            n => (format!("%0:{n} = "), (0..n).map(|k| format!("%0#{k}")).collect()),
+        };
+        let gives_text =
+            if gives.len() == 1 { gives[0].clone() } else { format!("({})", gives.join(", ")) };
+        text.push_str(&format!(
+            "    {lhs}func.call {}({}) : ({}) -> {gives_text}\n",
+            format_symbol(prefix),
+            operands.join(", "),
+            takes.join(", "),
+        ));
+        if values.is_empty() {
+            text.push_str("    return\n");
+        } else {
+            text.push_str(&format!("    return {} : {}\n", values.join(", "), gives.join(", ")));
+        }
+        text.push_str("  }\n}\n");
+        Ok(text)
+    }
 }
 
 /// What to delete to remove the text `text_start..end` of `b`, given `blank_start`, the start
@@ -2086,5 +2185,45 @@ module @m {
         for cut in 0..text.trim_end().len() {
             assert!(parse_module(&text[..cut]).is_err(), "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn output_params_extend_the_entry_and_keep_its_attributes() {
+        let module = parse_module(COMPOSITE).unwrap();
+        let text = module.with_output_params(&[1]).unwrap();
+        let wrapped = parse_module(&text).unwrap();
+        assert_eq!(wrapped.name.as_deref(), Some("jit_f"));
+        assert_eq!(wrapped.attributes, module.attributes);
+        let names: Vec<&str> = wrapped.functions.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["tpuk_body", "tpuk_body_my.fma", "main"], "{text}");
+        let main = wrapped.main().unwrap();
+        let types: Vec<String> = main.args.iter().map(|a| a.ty.to_string()).collect();
+        assert_eq!(types, ["tensor<4x8xf32>", "tensor<4x8xf32>", "tensor<f32>"]);
+        assert_eq!(main.args[0].attributes, [("tf.aliasing_output".into(), "0 : i32".into())]);
+        assert_eq!(main.args[2].attributes, [("tf.aliasing_output".into(), "1 : i32".into())]);
+        assert_eq!(main.results, module.main().unwrap().results);
+        assert!(main.body.contains("func.call @tpuk_body(%arg0, %arg1)"), "{text}");
+        assert!(!main.body.contains("%arg2"), "the output's parameter is never read: {text}");
+        // The composite's decomposition follows its function's new name.
+        assert!(text.contains("decomposition = @tpuk_body_my.fma"), "{text}");
+
+        let nested = parse_module(NESTED_JIT).unwrap();
+        let all: Vec<usize> = (0..nested.main().unwrap().results.len()).collect();
+        let text = nested.with_output_params(&all).unwrap();
+        let main_args = parse_module(&text).unwrap().main().unwrap().args.len();
+        assert_eq!(main_args, nested.main().unwrap().args.len() + all.len(), "{text}");
+    }
+
+    #[test]
+    fn output_params_refuse_outputs_they_cannot_lend() {
+        let module = parse_module(COMPOSITE).unwrap();
+        let e = module.with_output_params(&[0]).unwrap_err().to_string();
+        assert!(e.contains("output 0 is already written into argument 0"), "{e}");
+        let e = module.with_output_params(&[2]).unwrap_err().to_string();
+        assert!(e.contains("output 2 does not exist: @main has 2 results"), "{e}");
+        let e = module.with_output_params(&[1, 1]).unwrap_err().to_string();
+        assert!(e.contains("output 1 is listed twice"), "{e}");
+        let e = parse_module(SHARDED).unwrap().with_output_params(&[0]).unwrap_err().to_string();
+        assert!(e.contains("sdy.mesh"), "{e}");
     }
 }
