@@ -211,27 +211,42 @@ fn dtype_name_of_code(code: i64) -> Option<&'static str> {
 // ----- memory -----
 
 /// Device memory by where it came from, live bytes: the allocator's blocks (size-class bytes),
-/// kernel outputs (PJRT buffers whose memory became tensors), fallback results (blocks of
+/// kernel outputs (PJRT buffers whose memory became tensors: `outputs` the runtime allocated,
+/// `pooled_outputs` written into the allocator's blocks), fallback results (blocks of
 /// PyTorch's CPU allocator the device adopted); and the peak of their sum.
-/// `peak_reserved` is the peak of the allocator's reserved bytes plus the other two.
+/// `peak_reserved` is the peak of the allocator's reserved bytes (pooled outputs included)
+/// plus the runtime's outputs and the adopted results.
 #[derive(Debug, Default)]
 struct Held {
     pool: usize,
     outputs: usize,
+    pooled_outputs: usize,
     adopted: usize,
     peak: usize,
     peak_reserved: usize,
 }
 
-static HELD: Mutex<Held> =
-    Mutex::new(Held { pool: 0, outputs: 0, adopted: 0, peak: 0, peak_reserved: 0 });
+impl Held {
+    fn live(&self) -> usize {
+        self.pool + self.outputs + self.pooled_outputs + self.adopted
+    }
+}
+
+static HELD: Mutex<Held> = Mutex::new(Held {
+    pool: 0,
+    outputs: 0,
+    pooled_outputs: 0,
+    adopted: 0,
+    peak: 0,
+    peak_reserved: 0,
+});
 
 fn held(f: impl FnOnce(&mut Held)) {
     // Read before taking the lock: the allocator's lock is never held inside this one.
     let reserved = HostPool::global().stats().reserved;
     let mut h = HELD.lock().unwrap_or_else(PoisonError::into_inner);
     f(&mut h);
-    h.peak = h.peak.max(h.pool + h.outputs + h.adopted);
+    h.peak = h.peak.max(h.live());
     h.peak_reserved = h.peak_reserved.max(reserved + h.outputs + h.adopted);
 }
 
@@ -295,7 +310,11 @@ extern "C" fn api_release(handle: *mut c_void) {
     // SAFETY: a kernel output's handle is the `Box<Buffer>` `fill_output` made.
     let Some(buffer) = (unsafe { reclaim::<Buffer>(handle) }) else { return };
     let size = buffer.byte_size();
-    held(|h| h.outputs = h.outputs.saturating_sub(size));
+    if buffer.is_zero_copy() {
+        held(|h| h.pooled_outputs = h.pooled_outputs.saturating_sub(size));
+    } else {
+        held(|h| h.outputs = h.outputs.saturating_sub(size));
+    }
 }
 
 // ----- plans -----
@@ -633,7 +652,11 @@ fn fill_output(key: &str, k: usize, buffer: Buffer, out: &mut TpukOut) -> Result
     };
     out.data = data;
     let size = buffer.byte_size();
-    held(|h| h.outputs += size);
+    if buffer.is_zero_copy() {
+        held(|h| h.pooled_outputs += size);
+    } else {
+        held(|h| h.outputs += size);
+    }
     out.handle = Box::into_raw(Box::new(buffer)).cast();
     Ok(())
 }
@@ -1108,17 +1131,18 @@ pub(crate) fn device_tpu_probe(py: Python<'_>) -> String {
 pub(crate) fn device_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
     let s = HostPool::global().stats();
-    let (pool, outputs, adopted, peak, peak_reserved) = {
+    let (live, outputs, pooled_outputs, adopted, peak, peak_reserved) = {
         let h = HELD.lock().unwrap_or_else(PoisonError::into_inner);
-        (h.pool, h.outputs, h.adopted, h.peak, h.peak_reserved)
+        (h.live(), h.outputs, h.pooled_outputs, h.adopted, h.peak, h.peak_reserved)
     };
     let mem = PyDict::new(py);
     // Every byte tensors on the device hold, whoever allocated it.
-    mem.set_item("allocated_bytes", pool + outputs + adopted)?;
+    mem.set_item("allocated_bytes", live)?;
     mem.set_item("peak_allocated_bytes", peak)?;
     mem.set_item("reserved_bytes", s.reserved + outputs + adopted)?;
     mem.set_item("peak_reserved_bytes", peak_reserved.max(s.reserved + outputs + adopted))?;
-    mem.set_item("kernel_output_bytes", outputs)?;
+    mem.set_item("kernel_output_bytes", outputs + pooled_outputs)?;
+    mem.set_item("kernel_output_pooled_bytes", pooled_outputs)?;
     mem.set_item("fallback_result_bytes", adopted)?;
     // The caching allocator's own figures.
     mem.set_item("pool_allocated_bytes", s.allocated)?;
@@ -1168,7 +1192,7 @@ pub(crate) fn device_reset_peaks() {
     HostPool::global().reset_peaks();
     let reserved = HostPool::global().stats().reserved;
     let mut h = HELD.lock().unwrap_or_else(PoisonError::into_inner);
-    h.peak = h.pool + h.outputs + h.adopted;
+    h.peak = h.live();
     h.peak_reserved = reserved + h.outputs + h.adopted;
 }
 

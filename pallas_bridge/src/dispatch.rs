@@ -206,6 +206,8 @@ fn op_stats<'py>(py: Python<'py>, s: &OpStats) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("fallbacks", s.fallbacks.clone())?;
     d.set_item("last_fallback", s.last_fallback.clone())?;
     d.set_item("kernels", s.kernels.clone())?;
+    d.set_item("outputs_pooled", s.outputs_pooled)?;
+    d.set_item("outputs_pool_missed", s.outputs_pool_missed)?;
     Ok(d)
 }
 

@@ -1008,6 +1008,8 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         o.set_item("kernels", st.kernels.clone())?;
         o.set_item("updated_in_place", st.updated_in_place)?;
         o.set_item("updated_by_copy", st.updated_by_copy)?;
+        o.set_item("outputs_pooled", st.outputs_pooled)?;
+        o.set_item("outputs_pool_missed", st.outputs_pool_missed)?;
         ops.set_item(op, o)?;
     }
     d.set_item("ops", ops)?;

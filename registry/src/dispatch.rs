@@ -17,6 +17,7 @@ use tpu_kernels::registration::{KernelSignature, Platform, StaticValue};
 use tpu_kernels::{BuildError, DType, TensorType};
 
 use crate::cache::CompileCache;
+use crate::host_pool::PooledBlock;
 use crate::index::{CallMeta, Kernel, NoKernel, Registry, normalize_op, platform_from_name};
 use crate::pjrt::{
     self, Buffer, Client, CompileOptions, ElementType, HostInput, Input, LoadedExecutable, Program,
@@ -111,6 +112,30 @@ pub struct LentRun {
     /// Outputs copied into the lent memory after the run (the runtime could not alias it, or
     /// another input shares it).
     pub by_copy: u64,
+    /// Outputs written into memory from the caching allocator lent for them (extra
+    /// parameters of the program): each such output owns its block, which goes back to the
+    /// pool when the output is dropped.
+    pub pooled: u64,
+    /// Outputs given pool memory that the runtime wrote into a fresh buffer instead.
+    pub pool_missed: u64,
+}
+
+/// Memory from the caching allocator lent for one output: the block goes back to the pool
+/// only once the runtime is done with it (the loan waited for), however the run ends.
+struct PoolLoan {
+    output: usize,
+    loan: Option<crate::pjrt::HostLoan>,
+    block: Option<PooledBlock>,
+}
+
+impl Drop for PoolLoan {
+    fn drop(&mut self) {
+        if let Some(loan) = self.loan.take() {
+            // Nothing to report to: the run already failed, or its output was not aliased.
+            let _ = loan.wait();
+        }
+        self.block.take();
+    }
 }
 
 /// Why [`execute_lending`] did not run ([`LendError::Input`]: nothing was written) or failed.
@@ -137,6 +162,26 @@ pub unsafe fn execute_lending(
     executable: &LoadedExecutable,
     inputs: &[HostTensor<'_>],
     loans: &[(usize, usize)],
+) -> Result<LentRun, LendError> {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { execute_lending_pooled(client, views, executable, inputs, loans, &[]) }
+}
+
+/// [`execute_lending`] for a program that also takes, after `inputs`, one parameter per entry
+/// of `pooled` (an output and its type), aliased to that output and never read (see
+/// `reader::Module::with_output_params`): each gets a block from the caching allocator, lent
+/// to the run, and the output written there owns the block ([`LentRun::pooled`]). Outputs
+/// come back fresh and without faulting in new pages: the blocks are reused memory.
+///
+/// # Safety
+/// As [`execute_lending`].
+pub unsafe fn execute_lending_pooled(
+    client: &Client,
+    views: &pjrt::ViewCache,
+    executable: &LoadedExecutable,
+    inputs: &[HostTensor<'_>],
+    loans: &[(usize, usize)],
+    pooled: &[(usize, &TensorType)],
 ) -> Result<LentRun, LendError> {
     let span = |t: &HostTensor<'_>| {
         let start = t.data.as_ptr() as usize;
@@ -196,8 +241,35 @@ pub unsafe fn execute_lending(
             .map_err(|e| LendError::Input(format!("input {i}: {e}")))?;
         held.push(input);
     }
+    let mut pool_loans = Vec::with_capacity(pooled.len());
+    let mut pool_args = Vec::with_capacity(pooled.len());
+    for &(k, ty) in pooled {
+        let fail = |e: String| LendError::Input(format!("output {k}: {e}"));
+        let (element, dims) = pjrt_shape(ty).map_err(fail)?;
+        let len =
+            ty.shape.num_elements().unwrap_or(0) as usize * element.size_in_bytes().unwrap_or(0);
+        if len == 0 {
+            pool_args.push(
+                client.buffer_from_bytes(&[], element, &dims).map_err(|e| fail(e.to_string()))?,
+            );
+            continue;
+        }
+        let block = PooledBlock::allocate(len).map_err(|e| fail(e.to_string()))?;
+        // SAFETY: the block is fresh from the pool, `len` bytes or more, and owned here: nothing
+        // else reads or writes it until the loan ends.
+        let lent = unsafe { client.lend_host_memory(block.as_ptr(), len, element, &dims) }
+            .map_err(|e| fail(e.to_string()))?;
+        let Some((buffer, loan)) = lent else {
+            return Err(fail(format!(
+                "the {} client cannot write into host memory",
+                client.platform()
+            )));
+        };
+        pool_args.push(buffer);
+        pool_loans.push(PoolLoan { output: k, loan: Some(loan), block: Some(block) });
+    }
     let mut held_iter = held.iter();
-    let mut args = Vec::with_capacity(inputs.len());
+    let mut args = Vec::with_capacity(inputs.len() + pool_args.len());
     for b in &mut lent_buffers {
         match b.take() {
             Some(b) => args.push(Input::Donated(b)),
@@ -207,6 +279,7 @@ pub unsafe fn execute_lending(
             },
         }
     }
+    args.extend(pool_args.into_iter().map(Input::Donated));
     let outputs = executable.execute_with(args).map_err(|e| LendError::Run(e.to_string()))?;
     drop(held);
     let mut outputs: Vec<Option<Buffer>> = outputs.into_iter().map(Some).collect();
@@ -254,7 +327,51 @@ pub unsafe fn execute_lending(
     for loan in loaned {
         loan.wait().map_err(|e| LendError::Run(e.to_string()))?;
     }
-    Ok(LentRun { outputs, in_place, by_copy })
+    let (mut pooled, mut pool_missed) = (0, 0);
+    // Loans still open: blocks whose output is not in them. They are waited for (and the
+    // blocks given back) only after every output that may alias a block is dropped.
+    let mut open = Vec::new();
+    let mut failure = None;
+    for mut p in pool_loans {
+        let k = p.output;
+        let at = p.block.as_ref().map_or(std::ptr::null_mut(), PooledBlock::as_ptr);
+        let landed = match outputs.get_mut(k).and_then(Option::as_mut) {
+            None => Err(format!("output {k}, given pool memory, is not an output of the program")),
+            Some(out) => out
+                .read_in_place(|bytes| bytes.as_ptr() == at.cast_const())
+                .map_err(|e| e.to_string())
+                .and_then(|landed| {
+                    let (Some(loan), Some(block)) = (p.loan.take(), p.block.take()) else {
+                        return Ok(false);
+                    };
+                    if !landed {
+                        p.loan = Some(loan);
+                        p.block = Some(block);
+                        return Ok(false);
+                    }
+                    out.keep_lent_memory(loan, Box::new(block)).map_err(|e| e.to_string())?;
+                    Ok(true)
+                }),
+        };
+        match landed {
+            Ok(true) => pooled += 1,
+            Ok(false) => {
+                pool_missed += 1;
+                open.push(p);
+            }
+            Err(m) => {
+                failure.get_or_insert(m);
+                open.push(p);
+            }
+        }
+    }
+    if let Some(m) = failure {
+        drop(outputs);
+        drop(open);
+        return Err(LendError::Run(m));
+    }
+    drop(open);
+    Ok(LentRun { outputs, in_place, by_copy, pooled, pool_missed })
 }
 
 /// One input of an eager call: row-major host bytes (borrowed) and their type.
@@ -460,6 +577,44 @@ struct Prepared {
     op: String,
     kernel: Arc<Kernel>,
     executable: Arc<LoadedExecutable>,
+    /// Outputs the executable takes pool memory for, as parameters after the inputs, in this
+    /// order (empty: it writes fresh buffers).
+    pooled: Vec<(usize, TensorType)>,
+}
+
+/// The least output size, summed over a call's outputs, for which an eager call on the CPU
+/// writes its outputs into memory from the caching allocator rather than into fresh buffers
+/// (`TPUK_POOL_OUTPUTS_MIN_BYTES` overrides it). Fresh buffers of this size come from the
+/// system's allocator as new pages, each one faulted in as the kernel writes it, and cost
+/// more than the kernel itself (docs/perf-log.md); below it, lending the memory costs more
+/// than it saves.
+pub const POOL_OUTPUTS_MIN_BYTES: usize = 256 << 10;
+
+/// The outputs of `module`'s entry not written into an argument, with their types, and their
+/// bytes summed; `None` when the entry cannot be found or a type has no size.
+fn unaliased_outputs(
+    module: &tpu_kernels::reader::Module<'_>,
+) -> Option<(Vec<(usize, TensorType)>, usize)> {
+    let main = module.main().ok()?;
+    let aliased = |k: usize| {
+        main.args.iter().any(|a| {
+            a.attributes.iter().any(|(name, value)| {
+                name.trim_matches('"') == "tf.aliasing_output"
+                    && value.split(':').next().map(str::trim) == Some(&*k.to_string())
+            })
+        })
+    };
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    for (k, r) in main.results.iter().enumerate() {
+        if aliased(k) {
+            continue;
+        }
+        let size = element_type(r.ty.dtype)?.size_in_bytes()?;
+        bytes = bytes.saturating_add(r.ty.shape.num_elements()? as usize * size);
+        out.push((k, r.ty.clone()));
+    }
+    Some((out, bytes))
 }
 
 /// The platform kernels are selected for on a client that reports `name`; an error naming it
@@ -495,6 +650,11 @@ pub struct OpStats {
     /// Inputs an in-place call updated through a copy of the new value (memory the runtime
     /// could not alias, or an input sharing memory with another).
     pub updated_by_copy: u64,
+    /// Outputs written into reused memory from the caching allocator (calls whose outputs
+    /// reach [`POOL_OUTPUTS_MIN_BYTES`]).
+    pub outputs_pooled: u64,
+    /// Outputs given pool memory that the runtime wrote into a fresh buffer instead.
+    pub outputs_pool_missed: u64,
 }
 
 /// A snapshot of the dispatcher's counters.
@@ -535,6 +695,8 @@ pub struct Dispatcher {
     kernel_nanos: AtomicU64,
     prepare_nanos: AtomicU64,
     no_fallback: bool,
+    /// See [`Dispatcher::pool_outputs_from`].
+    pool_outputs_from: Option<usize>,
 }
 
 impl Dispatcher {
@@ -560,7 +722,21 @@ impl Dispatcher {
             kernel_nanos: AtomicU64::new(0),
             prepare_nanos: AtomicU64::new(0),
             no_fallback: false,
+            pool_outputs_from: std::env::var("TPUK_POOL_OUTPUTS_MIN_BYTES")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .or(Some(POOL_OUTPUTS_MIN_BYTES)),
         })
+    }
+
+    /// Calls whose outputs total at least `bytes` write them into memory from the caching
+    /// allocator ([`crate::host_pool`]), lent to the program as extra donated parameters;
+    /// `None`: never. Only a client that writes host memory in place (the CPU plugin) does
+    /// this. The default is [`POOL_OUTPUTS_MIN_BYTES`] or `TPUK_POOL_OUTPUTS_MIN_BYTES`. It
+    /// applies to calls prepared afterwards.
+    pub fn pool_outputs_from(mut self, bytes: Option<usize>) -> Dispatcher {
+        self.pool_outputs_from = bytes;
+        self
     }
 
     /// With `no_fallback`, a call that runs no kernel is a [`DispatchError::Forbidden`] rather
@@ -693,15 +869,46 @@ impl Dispatcher {
         }
         let loans: Vec<(usize, usize)> = mutated.iter().enumerate().map(|(k, &i)| (i, k)).collect();
         // SAFETY: the caller lends the memory of the mutated inputs.
+        let run = unsafe { self.run_lending(prepared, inputs, &loans) }?;
+        let rest = run.outputs.into_iter().skip(mutated.len()).flatten().collect();
+        Ok((rest, run.in_place, run.by_copy))
+    }
+
+    /// Runs `prepared` with `loans` (see [`execute_lending`]) and pool memory for the outputs
+    /// it takes it for, counting where those outputs landed.
+    ///
+    /// # Safety
+    /// As [`execute_lending`].
+    unsafe fn run_lending(
+        &self,
+        prepared: &Prepared,
+        inputs: &[HostTensor<'_>],
+        loans: &[(usize, usize)],
+    ) -> Result<LentRun, FallbackReason> {
+        let pooled: Vec<(usize, &TensorType)> =
+            prepared.pooled.iter().map(|(k, ty)| (*k, ty)).collect();
+        // SAFETY: the caller's contract.
         let run = unsafe {
-            execute_lending(&self.client, &self.views, &prepared.executable, inputs, &loans)
+            execute_lending_pooled(
+                &self.client,
+                &self.views,
+                &prepared.executable,
+                inputs,
+                loans,
+                &pooled,
+            )
         }
         .map_err(|e| match e {
             LendError::Input(m) => FallbackReason::BadInput(m),
             LendError::Run(m) => FallbackReason::Execute(m),
         })?;
-        let rest = run.outputs.into_iter().skip(mutated.len()).flatten().collect();
-        Ok((rest, run.in_place, run.by_copy))
+        if !pooled.is_empty() {
+            self.count(&prepared.op, |s| {
+                s.outputs_pooled += run.pooled;
+                s.outputs_pool_missed += run.pool_missed;
+            });
+        }
+        Ok(run)
     }
 
     fn execute(
@@ -709,6 +916,14 @@ impl Dispatcher {
         prepared: &Prepared,
         inputs: &[HostTensor<'_>],
     ) -> Result<Vec<Buffer>, FallbackReason> {
+        if !prepared.pooled.is_empty() {
+            if let Some(message) = crate::fault::kernel_run(prepared.kernel.name()) {
+                return Err(FallbackReason::Execute(message));
+            }
+            // SAFETY: no input is lent: the call writes only the pool's fresh blocks.
+            let run = unsafe { self.run_lending(prepared, inputs, &[]) }?;
+            return Ok(run.outputs.into_iter().flatten().collect());
+        }
         let mut held = Vec::with_capacity(inputs.len());
         for (i, t) in inputs.iter().enumerate() {
             let input = pjrt_shape(t.ty)
@@ -778,12 +993,27 @@ impl Dispatcher {
             };
             (name.clone(), reason)
         })?;
-        let program = Program::text(text.text.to_string());
+        // Outputs large enough to pool: the program takes their memory as extra parameters
+        // (a text that cannot be read or rewritten keeps fresh outputs).
+        let pooled_text =
+            self.pool_outputs_from.filter(|_| self.client.platform() == "cpu").and_then(|min| {
+                let module = tpu_kernels::reader::parse_module(&text.text).ok()?;
+                let (outputs, bytes) = unaliased_outputs(&module)?;
+                if outputs.is_empty() || bytes < min {
+                    return None;
+                }
+                let ks: Vec<usize> = outputs.iter().map(|(k, _)| *k).collect();
+                Some((module.with_output_params(&ks).ok()?, outputs))
+            });
+        let (program, pooled) = match pooled_text {
+            Some((wrapped, outputs)) => (Program::text(wrapped), outputs),
+            None => (Program::text(text.text.to_string()), Vec::new()),
+        };
         let cached = self
             .cache
             .get_or_compile(&self.client, &program, &self.options)
             .map_err(|e| (name.clone(), FallbackReason::Compile(e.to_string())))?;
-        Ok(Prepared { op: key.op.clone(), kernel, executable: cached.executable })
+        Ok(Prepared { op: key.op.clone(), kernel, executable: cached.executable, pooled })
     }
 
     fn invalidate_if_registry_changed(&self) {

@@ -209,6 +209,36 @@ impl HostPool {
     }
 }
 
+/// A block of the [global](HostPool::global) pool that goes back to it when dropped: an owner
+/// to hand to what outlives the call that allocated it (a kernel output written into the
+/// block, read by a tensor until the tensor dies).
+#[derive(Debug)]
+pub struct PooledBlock(Option<HostBlock>);
+
+// SAFETY: a `&PooledBlock` gives out only the block's address; the memory is reached through
+// whoever the owner lends it to, never through the shared reference.
+unsafe impl Sync for PooledBlock {}
+
+impl PooledBlock {
+    /// A block of at least `n` bytes from the global pool.
+    pub fn allocate(n: usize) -> Result<PooledBlock, OutOfMemory> {
+        HostPool::global().allocate(n).map(|b| PooledBlock(Some(b)))
+    }
+
+    /// The block's address (64-byte aligned).
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ref().map_or(std::ptr::null_mut(), HostBlock::as_ptr)
+    }
+}
+
+impl Drop for PooledBlock {
+    fn drop(&mut self) {
+        if let Some(block) = self.0.take() {
+            HostPool::global().free(block);
+        }
+    }
+}
+
 fn system_free(inner: &mut Inner, block: HostBlock) {
     inner.stats.system_frees += 1;
     inner.stats.reserved -= block.size;

@@ -329,3 +329,59 @@ fn in_place_kernels_write_the_callers_memory() {
     assert!(err.to_string().contains("updates inputs [0, 2, 3] in place"), "{err}");
     assert_eq!(floats(&p2[o2..o2 + 4 * n]), floats(&state[0]), "nothing written");
 }
+
+#[test]
+fn large_outputs_are_written_into_reused_pool_memory() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let cache = Arc::new(CompileCache::new(CacheConfig::memory_only(64)));
+    let d = Dispatcher::new(Registry::global().unwrap(), client, cache).unwrap();
+    // Every output pooled, however small (the default starts at 256 KiB).
+    let d = d.pool_outputs_from(Some(0));
+    let x = data(7 * 129, 11);
+    let ty = f32_ty(&[7, 129]);
+    let raw = bytes(&x);
+    let host = [HostTensor { ty: &ty, data: &raw, contiguous: true }];
+    let address = |b: &tpu_kernels_registry::pjrt::Buffer| {
+        b.read_in_place(|bytes| bytes.as_ptr() as usize).expect("read")
+    };
+    let want: Vec<f64> = x.iter().map(|&v| f64::from(v) / (1.0 + (-f64::from(v)).exp())).collect();
+    let first = d.call("aten::silu", &host, &[]).expect("silu");
+    assert!(first[0].is_zero_copy(), "the output owns its pool block");
+    assert_close("silu", &first[0].to_vec::<f32>().unwrap(), &want, Tolerance::abs(1e-5));
+    let at = address(&first[0]);
+    let pool = tpu_kernels_registry::host_pool::HostPool::global().stats();
+    assert!(pool.allocated >= raw.len(), "the block is held while the output lives: {pool:?}");
+    drop(first);
+    // The block went back to the pool, and the next call's output is written into it.
+    let second = d.call("aten::silu", &host, &[]).expect("silu");
+    assert_eq!(address(&second[0]), at, "the freed block is reused");
+    assert_close("silu", &second[0].to_vec::<f32>().unwrap(), &want, Tolerance::abs(1e-5));
+    let silu = &d.stats().ops["aten::silu.default"];
+    assert_eq!((silu.substituted, silu.outputs_pooled, silu.outputs_pool_missed), (2, 2, 0));
+
+    // Several outputs (the row statistics of layer_norm's forward), each into its own block.
+    let w = data(129, 12);
+    let b = data(129, 13);
+    let (wb, bb) = (bytes(&w), bytes(&b));
+    let vty = f32_ty(&[129]);
+    let inputs = [
+        HostTensor { ty: &ty, data: &raw, contiguous: true },
+        HostTensor { ty: &vty, data: &wb, contiguous: true },
+        HostTensor { ty: &vty, data: &bb, contiguous: true },
+    ];
+    let statics = [("eps", StaticValue::Float(1e-5))];
+    let out = d.call("aten::native_layer_norm", &inputs, &statics).expect("layer_norm");
+    let n = out.len() as u64;
+    assert!(n >= 1 && out.iter().all(|b| b.is_zero_copy()));
+    let ln = &d.stats().ops["aten::native_layer_norm.default"];
+    assert_eq!(ln.outputs_pooled, n);
+
+    // Off: fresh outputs, none pooled.
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let cache = Arc::new(CompileCache::new(CacheConfig::memory_only(64)));
+    let off = Dispatcher::new(Registry::global().unwrap(), client, cache).unwrap();
+    let off = off.pool_outputs_from(None);
+    let fresh = off.call("aten::silu", &host, &[]).expect("silu");
+    assert!(!fresh[0].is_zero_copy());
+    assert_eq!(off.stats().ops["aten::silu.default"].outputs_pooled, 0);
+}

@@ -645,7 +645,22 @@ impl Buffer {
         self.element_count() * self.ty.size_in_bytes().unwrap_or(0)
     }
 
-    /// Whether the buffer was uploaded without a copy from memory it owns.
+    /// Makes this buffer, an execution's output written into memory lent to it
+    /// ([`Client::lend_host_memory`]), the owner of that memory: `owner` is dropped once the
+    /// buffer is and the runtime is done with the memory (`loan`'s event). An error when the
+    /// buffer already owns host memory.
+    pub fn keep_lent_memory(&mut self, loan: HostLoan, owner: Box<dyn Send + Sync>) -> Result<()> {
+        if self.host.is_some() {
+            return Err(Error::HostData {
+                message: "the buffer already owns host memory".to_owned(),
+            });
+        }
+        self.host = Some(HostBacking { done: loan.done, _memory: owner });
+        Ok(())
+    }
+
+    /// Whether the buffer's memory is host memory it owns (uploaded without a copy, or lent
+    /// to the execution that wrote it and kept: [`Buffer::keep_lent_memory`]).
     pub fn is_zero_copy(&self) -> bool {
         self.host.is_some()
     }

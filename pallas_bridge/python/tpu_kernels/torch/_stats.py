@@ -155,6 +155,11 @@ class Report:
                     f"      arguments updated: {o.get('updated_in_place', 0)} in their own memory (donated), "
                     f"{o.get('updated_by_copy', 0)} through a copy"
                 )
+            if o.get("outputs_pooled") or o.get("outputs_pool_missed"):
+                lines.append(
+                    f"      outputs written into reused memory from the caching allocator: {o.get('outputs_pooled', 0)}"
+                    + (f" ({o['outputs_pool_missed']} written elsewhere)" if o.get("outputs_pool_missed") else "")
+                )
             if o.get("last_fallback"):
                 lines.append(f"      last fallback: {o['last_fallback'].splitlines()[0][:160]}")
         lines.append(f"time in kernels: {self.kernel_time_s * 1e3:.2f} ms (first-call preparation {self.prepare_time_s * 1e3:.1f} ms)")
