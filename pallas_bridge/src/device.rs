@@ -264,6 +264,14 @@ fn announce() {
         let platform = runtime_if_ready().map(|rt| rt.dispatcher.platform().name()).unwrap_or("?");
         let what = if platform == "cpu" { " (the XLA CPU plugin: no TPU in use)" } else { "" };
         eprintln!("[tpu_kernels] tpu device: PJRT platform '{platform}'{what}");
+        let spin_set = ["GOMP_SPINCOUNT", "OMP_WAIT_POLICY"].iter().any(|k| std::env::var_os(k).is_some());
+        if platform == "cpu" && !spin_set {
+            eprintln!(
+                "[tpu_kernels] torch's OpenMP workers spin after each parallel op and share the cores \
+                 of the kernels that follow: set GOMP_SPINCOUNT={OPENMP_SPIN_COUNT} before starting \
+                 Python, or import tpu_kernels before torch"
+            );
+        }
     });
 }
 
@@ -1196,7 +1204,12 @@ pub(crate) fn device_reset_peaks() {
     h.peak_reserved = reserved + h.outputs + h.adopted;
 }
 
+/// The spin `import tpu_kernels` gives torch's OpenMP workers (libgomp's `GOMP_SPINCOUNT`
+/// rounds) when it is imported before torch; see `tpu_kernels._openmp`.
+pub(crate) const OPENMP_SPIN_COUNT: u32 = 5000;
+
 pub(crate) fn register(m: &pyo3::Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("OPENMP_SPIN_COUNT", OPENMP_SPIN_COUNT)?;
     m.add_function(wrap_pyfunction!(device_api, m)?)?;
     m.add_function(wrap_pyfunction!(device_plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_stats, m)?)?;

@@ -26,18 +26,22 @@ def _fell_back(op: str) -> int:
 
 
 def test_import_torch_alone_gives_the_device():
-    r = _run(
-        """
-        import torch
-        x = torch.ones(3, device="tpu", requires_grad=True)
-        (x * 2).sum().backward()
-        print(x.grad.device, torch.tpu.is_available())
-        """
+    # Without the OpenMP settings this process may pass on (tpu_kernels._openmp).
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    r = subprocess.run(
+        [sys.executable, "-c", "import torch\n"
+         "x = torch.ones(3, device='tpu', requires_grad=True)\n"
+         "(x * 2).sum().backward()\n"
+         "print(x.grad.device, torch.tpu.is_available())\n"],
+        capture_output=True, text=True, timeout=300, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "tpu:0 True"
     # One line on first use names the platform.
     assert r.stderr.count("[tpu_kernels] tpu device: PJRT platform 'cpu'") == 1, r.stderr
+    # torch came first, so its OpenMP workers keep libgomp's long spin: the next line says how
+    # to shorten it (tpu_kernels._openmp).
+    assert r.stderr.count("set GOMP_SPINCOUNT=") == 1, r.stderr
 
 
 def test_the_device_is_registered_with_torchs_device_functions():

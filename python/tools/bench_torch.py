@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import tpu_kernels  # before torch, as a user would: see tpu_kernels._openmp
 import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -27,6 +27,7 @@ import warnings
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import tpu_kernels  # noqa: E402,F401  before torch, as a user would: see tpu_kernels._openmp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 

@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _openmp
+
+_openmp.configure()  # before anything can import torch: see _openmp
+
 from . import _events, errors, guards
 from ._native import DeviceTensor, Dispatcher
 from ._native import __version__ as __version__

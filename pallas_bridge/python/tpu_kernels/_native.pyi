@@ -3,6 +3,8 @@
 from typing import Any
 
 __version__: str
+# The spin `import tpu_kernels` gives torch's OpenMP workers (see tpu_kernels._openmp).
+OPENMP_SPIN_COUNT: int
 
 class DeviceTensor:
     """A PJRT output buffer in host memory; `torch.from_dlpack` aliases it (no copy)."""

@@ -113,6 +113,9 @@ class Report:
     # (`fallbacks`; ops no kernel binds run there as planned, so they are not counted as
     # fallbacks of `ops`). Declines of bound ops are merged into `ops` like any other.
     device: dict | None = None
+    # How long torch's OpenMP workers spin after each parallel op (see tpu_kernels._openmp):
+    # `spin` is "shortened", "user", "kept" or "default", `detail` says it in words.
+    openmp: dict | None = None
 
     def substituted(self, op: str | None = None) -> int:
         if op is None:
@@ -197,6 +200,8 @@ class Report:
                     + ", ".join(f"{op} x{n}" for op, n in top[:12])
                     + (f", ... ({len(top) - 12} more ops)" if len(top) > 12 else "")
                 )
+        if self.openmp and self.openmp.get("spin") == "default":
+            lines.append(f"OpenMP: {self.openmp['detail']}")
         if self.errors():
             lines.append(f"errors (a kernel or tpu_kernels failed; see the fallbacks above): {self.errors()}")
         f = self.fused
@@ -261,7 +266,10 @@ def report() -> Report:
                     o["last_fallback"] = message
                     o["last_fallback_seq"] = seq
         device = dict(d, platform=dev.platform())
+    from tpu_kernels import _openmp
+
     return Report(
+        openmp=_openmp.state(),
         device=device,
         ops=ops,
         kernel_time_s=s["kernel_time_s"],
