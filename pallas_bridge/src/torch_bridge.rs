@@ -690,7 +690,14 @@ impl GraphProgram {
             // place: its tensor's own memory, which the caller hands over to be written, as
             // AOT autograd writes a mutated input after the graph runs.
             let run = unsafe {
-                execute_lending(rt.dispatcher.client(), &rt.views, &p.executable, &host, &loans)
+                execute_lending(
+                    rt.dispatcher.client(),
+                    &rt.views,
+                    &p.executable,
+                    &host,
+                    &loans,
+                    &[],
+                )
             }
             .map_err(|e| {
                 let m = match e {

@@ -168,7 +168,7 @@ fn lent_step(s: &Setup, views: &ViewCache, x: &[u8], out: &[u8]) {
         HostTensor { ty: &ty, data: out, contiguous: true },
     ];
     // SAFETY: `out` is the bench's own buffer, which nothing else reads or writes meanwhile.
-    let run = unsafe { execute_lending(&s.client, views, &s.into_lent, &inputs, &[(1, 0)]) }
+    let run = unsafe { execute_lending(&s.client, views, &s.into_lent, &inputs, &[(1, 0)], &[]) }
         .expect("execute");
     assert_eq!(run.in_place, 1, "the output is the lent memory");
 }

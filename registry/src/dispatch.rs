@@ -153,29 +153,16 @@ pub enum LendError {
 /// inputs sharing memory are refused before anything runs. Other inputs are read in place
 /// through `views` where possible.
 ///
+/// A program that also takes, after `inputs`, one parameter per entry of `pooled` (an output
+/// and its type), aliased to that output and never read (see
+/// `reader::Module::with_output_params`), gets a block from the caching allocator for each,
+/// lent to the run; the output written there owns the block ([`LentRun::pooled`]). Such
+/// outputs come back without faulting in new pages: the blocks are reused memory.
+///
 /// # Safety
 /// For each loan, `inputs[input].data` is memory the caller may write: valid for the call, and
 /// read or written by no one else during it (other inputs excepted).
 pub unsafe fn execute_lending(
-    client: &Client,
-    views: &pjrt::ViewCache,
-    executable: &LoadedExecutable,
-    inputs: &[HostTensor<'_>],
-    loans: &[(usize, usize)],
-) -> Result<LentRun, LendError> {
-    // SAFETY: the caller's contract, passed on.
-    unsafe { execute_lending_pooled(client, views, executable, inputs, loans, &[]) }
-}
-
-/// [`execute_lending`] for a program that also takes, after `inputs`, one parameter per entry
-/// of `pooled` (an output and its type), aliased to that output and never read (see
-/// `reader::Module::with_output_params`): each gets a block from the caching allocator, lent
-/// to the run, and the output written there owns the block ([`LentRun::pooled`]). Outputs
-/// come back fresh and without faulting in new pages: the blocks are reused memory.
-///
-/// # Safety
-/// As [`execute_lending`].
-pub unsafe fn execute_lending_pooled(
     client: &Client,
     views: &pjrt::ViewCache,
     executable: &LoadedExecutable,
@@ -889,14 +876,7 @@ impl Dispatcher {
             prepared.pooled.iter().map(|(k, ty)| (*k, ty)).collect();
         // SAFETY: the caller's contract.
         let run = unsafe {
-            execute_lending_pooled(
-                &self.client,
-                &self.views,
-                &prepared.executable,
-                inputs,
-                loans,
-                &pooled,
-            )
+            execute_lending(&self.client, &self.views, &prepared.executable, inputs, loans, &pooled)
         }
         .map_err(|e| match e {
             LendError::Input(m) => FallbackReason::BadInput(m),
