@@ -151,6 +151,8 @@ CASES = {
     "constant_pad_nd_crop": (lambda x: a.constant_pad_nd(x, [-1, 2]), [randint(0, 9, 3, 5)]),
     "slice_scatter": (lambda x, s: a.slice_scatter(x, s, 1, 2, 6), [randn(3, 7), randn(3, 4)]),
     "slice_scatter_step": (lambda x, s: a.slice_scatter(x, s, 0, 1, None, 3), [randn(8, 2), randn(3, 2)]),
+    "slice_backward": (lambda gr: a.slice_backward(gr, [3, 9], 1, 2, 8, 2), [randn(3, 3)]),
+    "slice_backward_open_end": (lambda gr: a.slice_backward(gr, [5, 2], 0, 1, 2**62, 1), [randn(4, 2)]),
     "slice_scatter_whole": (lambda x, s: a.slice_scatter(x, s, -1), [randint(0, 9, 2, 3), randint(0, 9, 2, 3)]),
     "cumsum": (lambda x: a.cumsum(x, 1), [randn(3, 37)]),
     "cumsum_int_to_i64": (lambda x: a.cumsum(x, 0), [randint(0, 9, 5, 2).to(torch.int32)]),
@@ -318,6 +320,15 @@ CASES = {
         lambda m, x: (a.where.ScalarOther(m, x, 0.5), a.where.ScalarSelf(m, -1.0, x), a.masked_fill.Scalar(x, m, -3.0)),
         [torch.tensor([[True, False, True]]), randn(2, 3)],
     ),
+    "addcmul_addcdiv": (
+        lambda x, t1, t2: (a.addcmul(x, t1, t2, value=0.3), a.addcdiv(x, t1, t2.abs() + 1, value=-2.5), a.addcmul(x, t1, t2)),
+        [randn(3, 5), randn(3, 5), randn(1, 5)],
+    ),
+    "lerp_both_sides": (
+        lambda x, e, w: (a.lerp.Scalar(x, e, 0.25), a.lerp.Scalar(x, e, 0.75), a.lerp.Tensor(x, e, w)),
+        [randn(3, 5), randn(3, 5), torch.rand(3, 5, generator=g)],
+    ),
+    "add_sub_alpha": (lambda x, y: (a.add.Tensor(x, y, alpha=-0.5), a.sub.Tensor(x, y, alpha=3)), [randn(3, 5), randn(5)]),
     "clamp_variants": (
         lambda x, i, lo: (a.clamp(x, -0.5, 0.5), a.clamp_min(x, 0.1), a.clamp_max(x, 0.2), a.clamp(i, 0.5), a.clamp.Tensor(x, lo)),
         [randn(3, 4), randint(-3, 3, 4), randn(4)],

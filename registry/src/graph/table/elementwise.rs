@@ -23,13 +23,72 @@ fn with_alpha<'b>(cx: &Cx<'_, 'b>, op: BinaryOp, reverse: bool) -> Out<'b> {
     let (x, y) = if reverse { (y, x) } else { (x, y) };
     let dt = result_type(&[x, y]);
     let (x, mut y) = (materialize(cx.b, x, dt)?, materialize(cx.b, y, dt)?);
-    if let Some(alpha) = cx.opt_scalar(2, "alpha")?
-        && alpha.as_f64() != 1.0
-    {
-        let a = scalar_const(cx.b, dt, alpha)?;
-        y = cx.b.binary(BinaryOp::Multiply, y, a)?;
+    // `alpha` is a number, or a zero-dim tensor where fused mode lifted a varying one into a
+    // program input.
+    match cx.opt_operand(2, "alpha")? {
+        None => {}
+        Some(Operand::S(a)) if a.as_f64() == 1.0 => {}
+        Some(a) => y = cx.b.binary(BinaryOp::Multiply, y, scalar_operand(cx, a, dt, "alpha")?)?,
     }
     one(cx.b.binary(op, x, y)?)
+}
+
+/// A number argument as a zero-dim value of `dt`: a constant, or a lifted zero-dim tensor.
+fn scalar_operand<'b>(cx: &Cx<'_, 'b>, o: Operand<'b>, dt: DType, name: &str) -> R<Tensor<'b>> {
+    match o {
+        Operand::T(t) if t.rank() > 0 => {
+            bad(format!("argument `{name}` must be a number, got {}", t.ty()))
+        }
+        o => materialize(cx.b, o, dt),
+    }
+}
+
+/// `addcmul(self, tensor1, tensor2, value=1)` and `addcdiv`: `self + value * tensor1 op
+/// tensor2`, in the order PyTorch's CPU kernel computes it.
+fn addc<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
+    let (x, t1, t2) =
+        (cx.operand(0, "self")?, cx.operand(1, "tensor1")?, cx.operand(2, "tensor2")?);
+    let dt = result_type(&[x, t1, t2]);
+    if op == BinaryOp::Divide && !dt.is_float() {
+        return bad("addcdiv of integer tensors (PyTorch refuses it: use a true division)");
+    }
+    let b = cx.b;
+    let (x, t1, t2) = (materialize(b, x, dt)?, materialize(b, t1, dt)?, materialize(b, t2, dt)?);
+    let value = cx.opt_operand(3, "value")?.unwrap_or(Operand::S(Scalar::Int(1)));
+    let v = scalar_operand(cx, value, dt, "value")?;
+    let scaled = b.binary(BinaryOp::Multiply, t1, v)?;
+    let q = b.binary(op, scaled, t2)?;
+    one(b.binary(BinaryOp::Add, x, q)?)
+}
+
+pub(super) fn addcmul<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    addc(cx, BinaryOp::Multiply)
+}
+
+pub(super) fn addcdiv<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    addc(cx, BinaryOp::Divide)
+}
+
+/// `lerp(self, end, weight)` (a number or a tensor): PyTorch's two-sided formula, `self +
+/// weight * (end - self)` below a weight of 0.5 and `end - (end - self) * (1 - weight)` from it.
+pub(super) fn lerp<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, end, w) = (cx.operand(0, "self")?, cx.operand(1, "end")?, cx.operand(2, "weight")?);
+    let dt = result_type(&[x, end]);
+    if !dt.is_float() {
+        return bad(format!("lerp of {dt} tensors: PyTorch takes floating-point ones"));
+    }
+    let b = cx.b;
+    let (x, end, w) = (materialize(b, x, dt)?, materialize(b, end, dt)?, materialize(b, w, dt)?);
+    let v = broadcast_all(b, &[x, end, w])?;
+    let (x, end, w) = (v[0], v[1], v[2]);
+    let diff = b.binary(BinaryOp::Subtract, end, x)?;
+    let low = b.binary(BinaryOp::Add, x, b.binary(BinaryOp::Multiply, w, diff)?)?;
+    let one_ = splat(b, w.ty(), Scalar::Int(1))?;
+    let rest = b.binary(BinaryOp::Subtract, one_, w)?;
+    let high = b.binary(BinaryOp::Subtract, end, b.binary(BinaryOp::Multiply, diff, rest)?)?;
+    let half = splat(b, w.ty(), Scalar::Float(0.5))?;
+    let below = b.compare(Direction::Lt, w, half)?;
+    one(b.select(below, low, high)?)
 }
 
 pub(super) fn add<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {

@@ -172,6 +172,10 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::where.Scalar", ew::where_),
     ("aten::masked_fill.Scalar", ew::masked_fill),
     ("aten::masked_fill.Tensor", ew::masked_fill),
+    ("aten::addcmul.default", ew::addcmul),
+    ("aten::addcdiv.default", ew::addcdiv),
+    ("aten::lerp.Scalar", ew::lerp),
+    ("aten::lerp.Tensor", ew::lerp),
     ("aten::clamp.default", ew::clamp),
     ("aten::clamp.Tensor", ew::clamp),
     ("aten::clamp_min.default", ew::clamp_min),
@@ -239,6 +243,7 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::split_with_sizes.default", shape::split_with_sizes),
     ("aten::constant_pad_nd.default", shape::constant_pad_nd),
     ("aten::slice_scatter.default", shape::slice_scatter),
+    ("aten::slice_backward.default", shape::slice_backward),
     // convolution, batch norm, pooling
     ("aten::convolution.default", conv::convolution),
     ("aten::convolution_backward.default", conv::convolution_backward),

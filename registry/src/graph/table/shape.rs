@@ -291,8 +291,24 @@ pub(super) fn constant_pad_nd<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 /// `start:end:step` of `dim` replaced by `src`. `src` is spread to its positions by an interior
 /// pad, and a mask padded the same way picks it.
 pub(super) fn slice_scatter<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
-    let x = cx.tensor(0, "self")?;
-    let src = cx.tensor(1, "src")?;
+    scatter_slice(cx, cx.tensor(0, "self")?, cx.tensor(1, "src")?)
+}
+
+/// `slice_backward(grad_output, input_sizes, dim, start, end, step)`: the gradient of a slice,
+/// zeros of the input's size with the slice's positions holding `grad_output`.
+pub(super) fn slice_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let g = cx.tensor(0, "grad_output")?;
+    let sizes = cx.ints(1, "input_sizes")?;
+    if let Some(s) = sizes.iter().find(|s| **s < 0) {
+        return bad(format!("slice_backward: negative input size {s} in {sizes:?}"));
+    }
+    let shape = Shape::of(&sizes.iter().map(|&s| s as u64).collect::<Vec<_>>());
+    let zeros = splat(cx.b, TensorType::new(g.dtype(), shape), Scalar::Int(0))?;
+    scatter_slice(cx, zeros, g)
+}
+
+/// `x` with the slice of `dim` given by the arguments from position 2 on replaced by `src`.
+fn scatter_slice<'b>(cx: &Cx<'_, 'b>, x: Tensor<'b>, src: Tensor<'b>) -> Out<'b> {
     let (d, start, end, step) = slice_args(cx, x, 2)?;
     let have = dims_of(x)?;
     let size = have[d] as i64;
