@@ -1088,6 +1088,13 @@ fn set_faults(specs: Vec<String>) -> PyResult<()> {
     Ok(())
 }
 
+/// Bumped by every `set_faults`: programs cached above the registry (fused mode's traces) key
+/// on it, as the graph memo does, so a fault injected later reaches them.
+#[pyfunction]
+fn fault_generation() -> usize {
+    fault::generation()
+}
+
 /// The injected faults, as `set_faults` spells them.
 #[pyfunction]
 fn faults() -> Vec<String> {
@@ -1130,6 +1137,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sub.add_function(wrap_pyfunction!(stats, &sub)?)?;
     sub.add_function(wrap_pyfunction!(next_fallback_seq, &sub)?)?;
     sub.add_function(wrap_pyfunction!(registry_generation, &sub)?)?;
+    sub.add_function(wrap_pyfunction!(fault_generation, &sub)?)?;
     sub.add_function(wrap_pyfunction!(set_faults, &sub)?)?;
     sub.add_function(wrap_pyfunction!(faults, &sub)?)?;
     sub.add_function(wrap_pyfunction!(set_raise_errors, &sub)?)?;

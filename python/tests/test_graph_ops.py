@@ -320,6 +320,18 @@ CASES = {
         lambda m, x: (a.where.ScalarOther(m, x, 0.5), a.where.ScalarSelf(m, -1.0, x), a.masked_fill.Scalar(x, m, -3.0)),
         [torch.tensor([[True, False, True]]), randn(2, 3)],
     ),
+    "mse_loss_reductions": (
+        lambda x, t: (a.mse_loss(x, t, 0), a.mse_loss(x, t, 1), a.mse_loss(x, t, 2)),
+        [randn(3, 5), randn(3, 5)],
+    ),
+    "mse_loss_backward_reductions": (
+        lambda x, t, gr, g0: (
+            a.mse_loss_backward(gr, x, t, 0),
+            a.mse_loss_backward(g0, x, t, 1),
+            a.mse_loss_backward(g0, x, t, 2),
+        ),
+        [randn(3, 5), randn(3, 5), randn(3, 5), torch.tensor(0.7)],
+    ),
     "addcmul_addcdiv": (
         lambda x, t1, t2: (a.addcmul(x, t1, t2, value=0.3), a.addcdiv(x, t1, t2.abs() + 1, value=-2.5), a.addcmul(x, t1, t2)),
         [randn(3, 5), randn(3, 5), randn(1, 5)],

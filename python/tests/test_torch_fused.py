@@ -36,17 +36,18 @@ def test_fused_equals_strict_and_eager():
     torch.testing.assert_close(f, chain(x), rtol=1e-4, atol=1e-4)
 
 
-def test_programs_are_cached_by_fingerprint():
+def test_programs_are_cached_by_trace():
     x, x2 = torch.randn(16, 32), torch.randn(16, 32)
     with substitute("fused"):
         a = chain(x)
-    g0 = report().graphs
+    g0, t0 = report().graphs, report().fused["trace_cache"]
     with no_fallbacks(kernels=["silu"], programs=1):
         with substitute("fused"):
             b = chain(x2)
-    g1 = report().graphs
-    assert g1["memo_hits"] == g0["memo_hits"] + 1
-    assert g1["compiled"] == g0["compiled"]
+    g1, t1 = report().graphs, report().fused["trace_cache"]
+    # The trace's hash found its program: no graph JSON, no lowering, no compile.
+    assert t1["hits"] == t0["hits"] + 1 and t1["misses"] == t0["misses"]
+    assert g1["compiled"] == g0["compiled"] and g1["memo_hits"] == g0["memo_hits"]
     # The reused program computes the new inputs' values, not the old ones'.
     torch.testing.assert_close(a, chain(x), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(b, chain(x2), rtol=1e-4, atol=1e-4)
@@ -177,3 +178,194 @@ def test_fused_program_reads_a_row_slice_whose_unit_dim_has_another_stride():
             y = y + 0  # materialised below
         got = y.clone()
     torch.testing.assert_close(got, F.silu(x) * 2 + 1)
+
+
+def _traces():
+    return dict(report().fused["trace_cache"])
+
+
+def _adamw_run(mode: str | None, steps: int, seed: int = 0):
+    """A small MLP trained `steps` AdamW steps (a learning-rate schedule included, so the
+    optimizer's floats change every step); returns (parameters, losses, per-step counters)."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.SiLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + i))
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    losses, counters = [], []
+    for _ in range(steps):
+        before = (_traces(), report().graphs["compiled"], report().fused["flushes"])
+        opt.zero_grad(set_to_none=True)
+        if mode is None:
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        else:
+            with substitute(mode):
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                tpu_kernels_torch.sync()
+        sched.step()
+        losses.append(float(loss))
+        after = (_traces(), report().graphs["compiled"], report().fused["flushes"])
+        counters.append({
+            "hits": after[0]["hits"] - before[0]["hits"],
+            "misses": after[0]["misses"] - before[0]["misses"],
+            "compiled": after[1] - before[1],
+            "flushes": after[2] - before[2],
+        })
+    return [p.detach().clone() for p in model.parameters()], losses, counters
+
+
+import tpu_kernels.torch as tpu_kernels_torch  # noqa: E402
+
+
+def test_a_training_loop_compiles_nothing_after_its_first_steps():
+    """Forward, backward and AdamW (in-place updates of parameters and state, a learning rate
+    that changes every step) are one trace a step; the float arguments that change are lifted
+    into program inputs, after which every step finds its program by the trace's hash."""
+    want, want_losses, _ = _adamw_run(None, 6)
+    with no_fallbacks(ops=[], programs=6):
+        got, losses, counters = _adamw_run("fused", 6)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert losses == pytest.approx(want_losses, rel=1e-5, abs=1e-6)
+    # One program a step: the optimizer's in-place updates no longer end the trace.
+    assert all(c["flushes"] == 1 for c in counters), counters
+    # The first step creates the optimizer's state, the second is the steady step, the third
+    # differs from it in the optimizer's floats alone: they are lifted into program inputs and
+    # its program takes them so. From the fourth step on nothing is compiled or lowered.
+    assert all(c["misses"] == 1 for c in counters[:3]), counters
+    assert all(c["hits"] == 1 and c["misses"] == 0 and c["compiled"] == 0 for c in counters[3:]), counters
+    lifted = set(_traces()["lifted"])
+    assert "aten::addcdiv.default:value" in lifted, lifted
+
+
+def test_in_place_on_a_tensor_with_memory_writes_it_back():
+    p = torch.randn(4, 6)
+    want = (p * 0.5 + 1, (p * 0.5 + 1) * 2)
+    view = p[1]
+    storage, version = p.untyped_storage().data_ptr(), p._version
+    with no_fallbacks(ops=[], programs=1):
+        with substitute("fused"):
+            p.mul_(0.5)
+            p.add_(torch.ones(6))
+            q = p * 2
+    assert p.untyped_storage().data_ptr() == storage  # the same memory, written in place
+    assert p._version == version + 2  # each in-place op bumped the version counter, as in eager
+    torch.testing.assert_close(p, want[0])
+    torch.testing.assert_close(view, want[0][1])  # a view made before sees the new value
+    torch.testing.assert_close(q, want[1])
+
+
+def test_in_place_on_a_saved_tensor_still_fails_backward():
+    w = torch.randn(4, requires_grad=True)
+    x = torch.randn(4)
+    with substitute("fused"):
+        h = w * 1.0
+        y = (h * h).sum()  # saves h for backward
+        with torch.no_grad():
+            h.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    del x
+
+
+def test_in_place_write_back_values_match_eager():
+    base = torch.randn(5, 7)
+    a, b = base.clone(), base.clone()
+    w = torch.randn(7)
+    a.mul_(0.9).add_(w, alpha=-0.3).addcmul_(w, w, value=0.01)
+    with no_fallbacks(ops=[], programs=1):
+        with substitute("fused"):
+            b.mul_(0.9).add_(w, alpha=-0.3).addcmul_(w, w, value=0.01)
+    torch.testing.assert_close(b, a)
+
+
+def test_a_write_into_memory_a_recorded_op_reads_waits_for_the_trace():
+    x = torch.randn(4, 4)
+    s = torch.tensor(2.0)
+    with substitute("fused"):
+        y = x * s  # recorded: reads s at the materialisation point
+        s.add_(1)  # a zero-dim bookkeeping op run at once: the trace runs first
+        z = x * s
+    torch.testing.assert_close(y, x * 2)
+    torch.testing.assert_close(z, x * 3)
+
+
+def test_bookkeeping_that_touches_no_pending_value_keeps_the_trace():
+    x = torch.randn(8, 8)
+    step = torch.tensor(0.0)
+    before = report().fused["flushes"]
+    with substitute("fused"):
+        y = F.silu(x)
+        step += 1  # zero-dim, not pending: runs at once
+        n = step.item()  # reads only `step`: no materialisation
+        y = y * n + 1
+    assert report().fused["flushes"] == before + 1
+    torch.testing.assert_close(y, F.silu(x) * 1 + 1)
+
+
+def test_sync_runs_the_trace():
+    x = torch.randn(8, 8)
+    before = report().fused
+    with substitute("fused"):
+        y = torch.tanh(x) * 2
+        tpu_kernels_torch.sync()
+        assert report().fused["flushes"] == before["flushes"] + 1
+        z = y + 1
+    assert report().fused["reasons"].get("sync", 0) == before["reasons"].get("sync", 0) + 1
+    torch.testing.assert_close(z, torch.tanh(x) * 2 + 1)
+    tpu_kernels_torch.sync()  # outside fused mode: nothing to run, no error
+
+
+def test_another_trace_gets_its_own_entry_and_says_why_it_missed():
+    x, small = torch.randn(16, 32), torch.randn(8, 32)
+    with substitute("fused"):
+        _ = chain(x)
+    t0 = _traces()
+    with substitute("fused"):
+        a = chain(small)  # a smaller last batch: another program
+    t1 = _traces()
+    assert t1["misses"] == t0["misses"] + 1
+    assert t1["miss_reasons"].get("input_types", 0) == t0["miss_reasons"].get("input_types", 0) + 1
+    assert "f32[8,32]" in t1["last_miss"] or "(8, 32)" in t1["last_miss"], t1["last_miss"]
+    with substitute("fused"):
+        _ = chain(x)
+    with substitute("fused"):
+        b = chain(small)
+    t2 = _traces()
+    assert t2["hits"] == t1["hits"] + 2 and t2["misses"] == t1["misses"]
+    torch.testing.assert_close(a, chain(small), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b, a)
+
+
+def test_a_float_whose_lowering_takes_no_tensor_stays_a_constant():
+    """`full`'s fill value changes from trace to trace; lifted, its lowering would refuse a
+    tensor: the trace compiles with the constant and the value stays right, no fallback."""
+    x = torch.randn(4, 4)
+    with no_fallbacks(ops=[], programs=4):
+        for i in range(4):
+            with substitute("fused"):
+                y = torch.full((4, 4), 0.5 + i) * x
+            torch.testing.assert_close(y, (0.5 + i) * x)
+
+
+def test_an_entry_that_fails_to_run_is_evicted_and_never_served_again():
+    from tpu_kernels.testing import inject_fault
+
+    x = torch.randn(6, 6)
+    with inject_fault("run"), error_policy("fallback"):
+        with substitute("fused"):
+            y = torch.exp(x) + 3
+        t = _traces()
+        assert t["evicted"] >= 1 and "run" in t["last_eviction"].lower(), t
+        compiled = report().graphs["compiled"]
+        with substitute("fused"):
+            y2 = torch.exp(x) + 3
+        # The same trace: not compiled or run again, replayed with the eviction as reason.
+        assert report().graphs["compiled"] == compiled
+        assert "evicted" in report().ops["fused"]["last_fallback"]
+    torch.testing.assert_close(y, torch.exp(x) + 3)
+    torch.testing.assert_close(y2, torch.exp(x) + 3)

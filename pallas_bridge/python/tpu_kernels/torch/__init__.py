@@ -4,6 +4,8 @@
   for ATen ops (a `TorchDispatchMode`); see `modes.py` and `fused.py`.
 - `tpu_kernels_backend`: the `torch.compile` backend, registered as `"tpu_kernels"` (an entry
   point of the installed package; importing `tpu_kernels.torch.backend` registers it too).
+- `sync()`: runs what fused mode has recorded on this thread (a step boundary, PyTorch/XLA's
+  `mark_step`).
 - `report()`: per-op substitution counts, fallbacks with reasons, cache hits, time in kernels,
   fused programs, `torch.compile` graphs and the nodes left to PyTorch.
 - `custom_ops()`: kernels that define new ops (`tpuk::rms_norm`) as `torch.library` ops.
@@ -23,6 +25,7 @@ __all__ = [
     "custom_ops",
     "report",
     "substitute",
+    "sync",
     "tpu_kernels_backend",
 ]
 
@@ -46,6 +49,7 @@ _LAZY = {
     "SubstitutionError": ".modes",
     "tpu_kernels_backend": ".backend",
     "custom_ops": "._custom_ops",
+    "sync": ".fused",
 }
 
 

@@ -8,6 +8,7 @@ nodes left to PyTorch).
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -34,6 +35,18 @@ class _Local:
 
 
 LOCAL = _Local()
+# The trace cache's counters before fused mode was first used.
+_NO_TRACES = {
+    "hits": 0,
+    "misses": 0,
+    "miss_reasons": {},
+    "last_miss": "",
+    "entries": 0,
+    "evicted": 0,
+    "last_eviction": "",
+    "lifted": [],
+    "kept_constant": [],
+}
 
 # Why something ran in PyTorch instead of a kernel or a program, in two classes.
 #
@@ -208,6 +221,16 @@ class Report:
         if f["flushes"]:
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(f["reasons"].items()))
             lines.append(f"fused: {f['flushes']} programs run over {f['ops']} recorded ops (materialised by: {reasons})")
+            tc = f["trace_cache"]
+            why = ", ".join(f"{k}={v}" for k, v in sorted(tc["miss_reasons"].items()))
+            lines.append(
+                f"  trace cache: {tc['hits']} hits, {tc['misses']} misses ({why or '-'}), {tc['entries']} programs kept"
+                + (f"; last miss: {tc['last_miss'][:160]}" if tc["last_miss"] else "")
+            )
+            if tc["lifted"]:
+                lines.append(f"  float arguments lifted into program inputs: {', '.join(tc['lifted'][:12])}")
+            if tc["evicted"]:
+                lines.append(f"  {tc['evicted']} programs evicted after failing to run; last: {tc['last_eviction'][:160]}")
         cg = self.compiled
         if cg["graphs"]:
             lines.append(f"torch.compile: {len(cg['graphs'])} graphs lowered")
@@ -242,6 +265,9 @@ def report() -> Report:
             if message is not None and seq > o.get("last_fallback_seq", 0):
                 o["last_fallback"] = message
         fused = {"flushes": LOCAL.fused_flushes, "ops": LOCAL.fused_ops, "reasons": dict(LOCAL.fused_reasons)}
+    fused_module = sys.modules.get("tpu_kernels.torch.fused")
+    fused["trace_cache"] = fused_module.trace_cache_stats() if fused_module is not None else _NO_TRACES
+    with LOCAL.lock:
         compiled = {
             "graphs": list(LOCAL.compiled_graphs),
             "calls": LOCAL.graph_calls,
@@ -250,8 +276,6 @@ def report() -> Report:
             "eager_reasons": dict(LOCAL.eager_reasons),
         }
     device = None
-    import sys
-
     dev = sys.modules.get("tpu_kernels.device")
     if dev is not None and dev.is_installed():
         from tpu_kernels import _native

@@ -1,20 +1,39 @@
 """Fused eager mode: `with tpu_kernels.substitute(mode="fused")`.
 
 Ops that a graph can lower (an op with a registered kernel, or one of the default ATen
-lowerings) are not run: each is recorded as a node of the registry's graph JSON and its outputs
-are placeholder tensors (allocated, not yet written). At a materialisation point, everything
-recorded becomes one StableHLO program (kernels inlined), compiled once per graph fingerprint
-and run on PJRT; its results are written into the placeholders that are still alive.
+lowerings) are not run: each is recorded as a node of a trace and its outputs are placeholder
+tensors (allocated, not yet written). At a materialisation point, everything recorded becomes
+one StableHLO program (kernels inlined) and runs on PJRT; its results are written into the
+placeholders that are still alive.
 
-Materialisation points: any op that is not recorded (reads such as `.item()` /
-`_local_scalar_dense`, Python control flow on values, printing, ops without a lowering),
-`.cpu()`, `.numpy()`, `.tolist()`, `repr`, and leaving the mode. An in-place op on a pending
-placeholder that nothing views (`y.add_(eps)` inside `F.rms_norm`, `x += r`) is recorded as its
-functional op, the placeholder standing for the result; any other in-place op materialises. View ops on
-placeholders run at once (they only touch metadata); the placeholder they view is kept as a
-program output.
+The trace cache. While ops are recorded, a hash of the trace grows with each one (the op, its
+static arguments, the types of its inputs, which recorded values or inputs it reads); at a
+materialisation point the hash and the set of live outputs find the trace's compiled program
+without building graph JSON, lowering or compiling: only the tensors bound to it change. A
+trace that misses is compiled once and kept (at most `TRACE_CACHE_SIZE` of them, process-wide),
+and `report().fused["trace_cache"]` counts hits and misses and says why each miss missed (a new
+trace, or what differs from the closest earlier one). A float argument seen with two values in
+otherwise identical traces (a learning rate under a scheduler, an optimizer's bias correction)
+is lifted: from the next trace on it is a zero-dim program input, so a new value is no new
+program. An entry whose program fails to run is evicted, with its reason, and never served
+again.
 
-If a recorded graph cannot be lowered, compiled or run, its ops are replayed one by one in
+Materialisation points: an op that is not recorded and reads or writes a pending value (reads
+such as `.item()` / `_local_scalar_dense` of a pending tensor, Python control flow on pending
+values, ops without a lowering on them), an op that draws random numbers, `.cpu()`, `.numpy()`,
+`.tolist()`, `repr`, `data_ptr`, `tpu_kernels.torch.sync()` / `torch.tpu.synchronize()`, and
+leaving the mode. An op that touches no pending value (bookkeeping on zero-dim tensors such as
+an optimizer's step count, a profiler range) runs at once without ending the trace.
+
+In-place ops (`y.add_(eps)` inside `F.rms_norm`, `x += r`, an optimizer's `param.addcdiv_`) are
+recorded as their functional op, as functionalization does: the tensor then stands for the
+result, and at the materialisation point a placeholder adopts the program's buffer while a
+tensor that held memory before the trace (a parameter, an optimizer's state) gets the new value
+copied into that memory, so its identity, storage and views stay as they were. An in-place op on
+a tensor a pending view aliases materialises first. View ops on placeholders run at once (they
+only touch metadata); the placeholder they view is kept as a program output.
+
+If a recorded trace cannot be lowered, compiled or run, its ops are replayed one by one in
 PyTorch, so values are always right. The replay is counted in `report()` under the op
 `"fused"`: as `unlowerable` when a recorded node is one no kernel takes and the default
 lowering does not cover (declined, like a call no kernel takes), else as `replay`, an error,
@@ -24,11 +43,14 @@ failure while recording is counted as `internal`.
 
 from __future__ import annotations
 
+import threading
 import weakref
+from collections import OrderedDict, defaultdict, deque
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
+from .. import _events
 from ..errors import InternalError, LoweringDeclined
 from . import _stats
 from ._bindings import TABLE, cpu_output_dtype, op_key, resolve_overload
@@ -37,6 +59,11 @@ from ._output import as_tensor
 from .graph import DTYPES, Unencodable, dumps, encode_arg
 
 _PATCHED = ("cpu", "numpy", "tolist", "__repr__", "__str__", "__format__", "__array__", "data_ptr")
+
+# Compiled traces kept process-wide (least recently used evicted first).
+TRACE_CACHE_SIZE = 512
+# Output types kept by op and argument types (cleared when full).
+_META_CACHE_SIZE = 65536
 
 
 class _Input:
@@ -52,6 +79,19 @@ class _Ref:
     def __init__(self, node: int, out: int) -> None:
         self.node = node
         self.out = out
+
+
+class _Lifted:
+    """A float argument lifted into a zero-dim program input (the trace's `index`-th lifted
+    one), of its op's floating result type; `pos` is (op key, argument position or name)."""
+
+    __slots__ = ("index", "value", "dtype", "pos")
+
+    def __init__(self, index: int, value: float, dtype: str, pos: tuple[str, object]) -> None:
+        self.index = index
+        self.value = value
+        self.dtype = dtype
+        self.pos = pos
 
 
 def _map(x, f):
@@ -80,6 +120,156 @@ def _meta(x):
     return x
 
 
+class _Unkeyable(Exception):
+    """An argument the trace key cannot describe: the trace is not cached."""
+
+
+def _float_key(x: float):
+    # -0.0 == 0.0 and nan != nan: spell those so that equal keys mean the same program.
+    return x if x == x and x != 0.0 else ("f", x.hex())
+
+
+def _static_key(x):
+    """The key of a static (non-tensor) argument: equal keys lower to the same program."""
+    if isinstance(x, bool):
+        return ("b", x)
+    if isinstance(x, float):
+        return _float_key(x)
+    if x is None or isinstance(x, (int, str, torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return x
+    if isinstance(x, (list, tuple)):
+        return tuple(_static_key(v) for v in x)
+    raise _Unkeyable(type(x).__name__)
+
+
+def _meta_key(x):
+    """The key of an argument for the output-type cache: tensors by dtype and shape."""
+    if isinstance(x, torch.Tensor):
+        return ("t", x.dtype, tuple(x.shape))
+    if isinstance(x, (list, tuple)):
+        return tuple(_meta_key(v) for v in x)
+    return _static_key(x)
+
+
+class _Entry:
+    __slots__ = ("program", "nodes", "inputs", "live")
+
+    def __init__(self, program, nodes, inputs, live) -> None:
+        self.program = program
+        self.nodes = nodes
+        self.inputs = inputs
+        self.live = live
+
+
+class _TraceCache:
+    """Compiled traces by hash, shared by every fused mode of the process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: OrderedDict[int, _Entry] = OrderedDict()
+        self.evicted: dict[int, str] = {}
+        self.recent: deque = deque(maxlen=32)  # (nodes, inputs, live) of recent misses
+        self.hits = 0
+        self.misses = 0
+        self.miss_reasons: dict[str, int] = defaultdict(int)
+        self.last_miss = ""
+        self.evictions = 0
+        self.last_eviction = ""
+        # (op key, argument position or name) -> lifted float arguments; refused where a
+        # lowering would not take a tensor there.
+        self.lifted: set[tuple[str, object]] = set()
+        self.not_liftable: set[tuple[str, object]] = set()
+        # Output types by (op, argument types and statics): recording needs no meta kernel.
+        self.metas: dict[tuple, tuple] = {}
+
+    def clear(self) -> None:
+        with self.lock:
+            self.entries.clear()
+            self.evicted.clear()
+            self.recent.clear()
+            self.metas.clear()
+
+    def stats(self) -> dict:
+        with self.lock:
+            return {
+                "hits": self.hits,
+                "misses": self.misses,
+                "miss_reasons": dict(self.miss_reasons),
+                "last_miss": self.last_miss,
+                "entries": len(self.entries),
+                "evicted": self.evictions,
+                "last_eviction": self.last_eviction,
+                "lifted": sorted(f"{op}:{arg}" for op, arg in self.lifted - self.not_liftable),
+                "kept_constant": sorted(f"{op}:{arg}" for op, arg in self.not_liftable),
+            }
+
+
+TRACES = _TraceCache()
+# A kernel registered or removed changes what traces lower to.
+_events.on_registry_change(TRACES.clear)
+
+
+def trace_cache_stats() -> dict:
+    return TRACES.stats()
+
+
+def _diff(nodes, inputs, live, other) -> tuple[str, str, list]:
+    """Why trace (`nodes`, `inputs`, `live`) differs from `other` (a category, a message, and
+    the float arguments that alone differ, to lift)."""
+    o_nodes, o_inputs, o_live = other
+    if len(nodes) != len(o_nodes):
+        return "ops", f"{len(nodes)} ops recorded where the closest earlier trace had {len(o_nodes)}", []
+    floats: list[tuple[str, object]] = []
+    first = None
+    for i, (a, b) in enumerate(zip(nodes, o_nodes)):
+        if a == b:
+            continue
+        if a[0] is not b[0]:
+            return "ops", f"op {i} is {op_key(a[0])} where the closest earlier trace had {op_key(b[0])}", []
+        diffs = _float_diffs(a, b)
+        if diffs is None:
+            return "static_args", f"op {i} ({op_key(a[0])}) has other arguments: {a[1:]} against {b[1:]}", []
+        floats.extend((op_key(a[0]), d) for d in diffs)
+        first = first if first is not None else (i, a)
+    if first is not None:
+        i, a = first
+        names = sorted({f"{op}:{arg}" for op, arg in floats})
+        return "float_args", f"float arguments changed from op {i} ({op_key(a[0])}) on: {', '.join(names)}", floats
+    if inputs != o_inputs:
+        k = next(j for j, (x, y) in enumerate(zip(inputs, o_inputs)) if x != y) if len(inputs) == len(o_inputs) else None
+        what = f"input {k} is {inputs[k]} where it was {o_inputs[k]}" if k is not None else "another number of inputs"
+        return "input_types", what, []
+    if live != o_live:
+        return "live_outputs", f"{len(live)} live outputs where the closest earlier trace had {len(o_live)}", []
+    return "context", "the registry or the injected faults changed", []
+
+
+def _float_diffs(a, b):
+    """Positions whose float arguments alone differ between node keys `a` and `b`, or None when
+    anything else differs."""
+    out = []
+    for part in (1, 2):  # positional, keyword
+        xs, ys = a[part], b[part]
+        if len(xs) != len(ys):
+            return None
+        for j, (x, y) in enumerate(zip(xs, ys)):
+            if x == y:
+                continue
+            pos = j if part == 1 else x[0]
+            xv, yv = (x, y) if part == 1 else (x[1], y[1])
+            if part == 2 and x[0] != y[0]:
+                return None
+            if (_is_float_key(xv) or xv == ("lifted",)) and (_is_float_key(yv) or yv == ("lifted",)):
+                out.append(pos)
+            else:
+                return None
+    return out
+
+
+def _is_float_key(k) -> bool:
+    return isinstance(k, float) or (isinstance(k, tuple) and len(k) == 2 and k[0] == "f")
+
+
 class FusedMode(TorchDispatchMode):
     """Records lowerable ops and runs them as one program per materialisation point."""
 
@@ -90,18 +280,30 @@ class FusedMode(TorchDispatchMode):
         self.supported = frozenset(native().supported_ops())
         self.recordable: dict[object, bool] = {}
         self.functional: dict[object, object] = {}
+        self.random: dict[object, bool] = {}
+        self.infos: dict[object, tuple] = {}
         self._reset()
         self._saved: dict[str, object] = {}
         self._flushing = False
 
     def _reset(self) -> None:
-        # Per node: (func, args, kwargs with _Ref for recorded tensors, [weakref to output]).
+        # Per node: (func, args, kwargs with _Ref/_Input/_Lifted, [weakref to output], output types).
         self.nodes: list[tuple] = []
         self.inputs: list[torch.Tensor] = []
         self.input_ids: dict[int, int] = {}
+        self.input_storages: set[int] = set()
         self.produced: dict[int, tuple[int, int, weakref.ref]] = {}
         self.pinned: dict[int, torch.Tensor] = {}
         self.pending_storages: set[int] = set()
+        # Tensors that held memory before the trace and were written in place: the flush copies
+        # their new value into that memory.
+        self.write_back: dict[int, torch.Tensor] = {}
+        self.lifted: list[_Lifted] = []
+        # The trace key, grown op by op: a running hash and the keys themselves.
+        self.hash = 0
+        self.node_keys: list[tuple] = []
+        self.input_keys: list[tuple] = []
+        self.keyable = True
 
     # ----- entering and leaving -----
 
@@ -144,11 +346,30 @@ class FusedMode(TorchDispatchMode):
             self.recordable[func] = r
         return r
 
+    def _is_random(self, func) -> bool:
+        """Whether `func` draws from a generator: it keeps its place among recorded ops."""
+        r = self.random.get(func)
+        if r is None:
+            r = any("Generator" in str(a.type) for a in func._schema.arguments)
+            self.random[func] = r
+        return r
+
     def _ref_of(self, t: torch.Tensor):
         hit = self.produced.get(id(t))
         if hit is not None and hit[2]() is t:
             return _Ref(hit[0], hit[1])
         return None
+
+    def _touches_pending(self, tensors) -> bool:
+        """Whether any of `tensors` is a pending value or shares memory with one."""
+        for t in tensors:
+            if self._ref_of(t) is not None:
+                return True
+        if self.pending_storages:
+            for t in tensors:
+                if _storage(t) in self.pending_storages:
+                    return True
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -179,86 +400,146 @@ class FusedMode(TorchDispatchMode):
         return r
 
     def _record_in_place(self, func, args, kwargs):
-        """An in-place op on a pending placeholder that nothing views: recorded as its functional
-        op, whose result the placeholder then stands for (as functionalization does). None when
-        that does not apply (the op then materialises)."""
+        """An in-place op recorded as its functional op, whose result the tensor then stands for
+        (as functionalization does): a pending placeholder that nothing views, or a tensor that
+        held memory before the trace (written back at the flush). None when that does not apply
+        (the op then runs in PyTorch, after a materialisation if it touches pending values)."""
         f = self._functional_of(func)
         if f is None or not args or not isinstance(args[0], torch.Tensor) or kwargs.get("out") is not None:
             return None
         target = args[0]
         hit = self.produced.get(id(target))
-        if hit is None or hit[2]() is not target or id(target) in self.pinned:
+        if hit is not None and hit[2]() is target:
+            if id(target) in self.pinned:
+                return None
+            old_refs = self.nodes[hit[0]][3]
+            if old_refs[hit[1]] is None:  # a recorded view: writing it must reach its base
+                return None
+        else:
+            # A tensor with memory of its own: not a view of a pending value, and of a device
+            # and type programs read and write.
+            if target.dtype not in DTYPES or target.device.type not in ("cpu", "tpu"):
+                return None
+            if self.pending_storages and _storage(target) in self.pending_storages:
+                return None
+            old_refs = None
+        types = self._output_types(f, args, kwargs)
+        if types is None or len(types[0]) != 1:
             return None
-        old_refs = self.nodes[hit[0]][3]
-        if old_refs[hit[1]] is None:  # a recorded view: writing it must reach its base
+        (shape, dtype), = types[0]
+        if shape != tuple(target.shape) or dtype != target.dtype:
             return None
-        try:
-            meta = f(*_map(args, _meta), **_map(kwargs, _meta))
-        except Exception:
-            return None
-        if not isinstance(meta, torch.Tensor) or meta.shape != target.shape or meta.dtype != target.dtype:
-            return None
-        # The placeholder's old value is no program output any more; the new node's output is.
-        old_refs[hit[1]] = None
-        self._record(f, args, kwargs, [target], alias=False, metas=[meta])
+        # The old value is no program output any more; the new node's output is.
+        if old_refs is not None:
+            old_refs[hit[1]] = None
+        else:
+            self.write_back[id(target)] = target
+        self._record(f, args, kwargs, [target], alias=False, short=types[1])
         return target
 
-    def _dispatch(self, func, args, kwargs):
-        tensors = _tensors((args, kwargs), [])
-        device = _one_device(tensors)
-        if func._schema.is_mutable and device is not None:
-            done = self._record_in_place(func, args, kwargs)
-            if done is not None:
-                return done
-        if not self._is_recordable(func) or device is None:
-            returns_alias = any(r.alias_info is not None for r in func._schema.returns)
-            if returns_alias and not func._schema.is_mutable:
-                # A view: metadata only, run at once. The viewed placeholders become program
-                # outputs; when the view op lowers, it is also recorded (as an alias that is
-                # never a program output itself) so later ops on the view keep fusing.
-                pending = [t for t in tensors if self._ref_of(t) is not None]
-                for t in pending:
-                    self.pinned[id(t)] = t
-                out = _run(func, args, kwargs)
-                if pending and op_key(func) in self.supported:
-                    outs = [out] if isinstance(out, torch.Tensor) else list(out)
-                    if outs and all(isinstance(o, torch.Tensor) and o.dtype in DTYPES for o in outs):
-                        self._record(func, args, kwargs, outs, alias=True)
-                return out
-            if self.nodes:
-                self.flush(op_key(func))
-            return _run(func, args, kwargs)
-        # Inputs that alias a pending placeholder without being one (views of it): materialise.
-        for t in tensors:
-            if self._ref_of(t) is None and self.pending_storages and _storage(t) in self.pending_storages:
-                self.flush(f"{op_key(func)} on a view of a pending tensor")
-                break
+    def _output_types(self, func, args, kwargs):
+        """((shape, dtype) per output, their short spellings, a single-tensor result) of `func`
+        on these arguments, from the meta kernel once per argument types and statics; None
+        when the meta kernel fails or an output is not a tensor of a dtype programs take."""
+        try:
+            key = (func, _meta_key(args), _meta_key(tuple(sorted(kwargs.items()))) if kwargs else ())
+        except _Unkeyable:
+            key = None
+        if key is not None:
+            hit = TRACES.metas.get(key)
+            if hit is not None:
+                return hit
         try:
             out_meta = func(*_map(args, _meta), **_map(kwargs, _meta))
         except Exception:
-            if self.nodes:
-                self.flush(op_key(func))
-            return _run(func, args, kwargs)
+            return None
         metas = [out_meta] if isinstance(out_meta, torch.Tensor) else list(out_meta)
         if not all(isinstance(m, torch.Tensor) and m.dtype in DTYPES for m in metas):
-            if self.nodes:
-                self.flush(op_key(func))
-            return _run(func, args, kwargs)
+            return None
         # Placeholders take the dtype PyTorch's CPU kernel gives, where its meta function differs.
-        key, dtypes = op_key(func), [t.dtype for t in tensors]
-        metas = [
-            m if (d := cpu_output_dtype(key, i, m.dtype, dtypes)) == m.dtype else m.to(d)
-            for i, m in enumerate(metas)
-        ]
+        k, dtypes = op_key(func), [t.dtype for t in _tensors((args, kwargs), [])]
+        types = tuple((tuple(m.shape), cpu_output_dtype(k, i, m.dtype, dtypes)) for i, m in enumerate(metas))
+        out = (types, tuple(_short_of(sh, dt) for sh, dt in types), isinstance(out_meta, torch.Tensor))
+        if key is not None:
+            if len(TRACES.metas) >= _META_CACHE_SIZE:
+                TRACES.metas.clear()
+            TRACES.metas[key] = out
+        return out
+
+    def _needs_flush(self, func, tensors) -> bool:
+        """Whether an op run in PyTorch must wait for the trace: it reads or writes a pending
+        value, writes memory a recorded op reads, or draws random numbers."""
+        if self._touches_pending(tensors) or self._is_random(func):
+            return True
+        if func._schema.is_mutable and self.input_storages:
+            return any(_storage(t) in self.input_storages for t in tensors)
+        return False
+
+    def _info(self, func) -> tuple:
+        """(op key, mutable, recordable, returns an alias) of `func`, read from its schema once."""
+        info = self.infos.get(func)
+        if info is None:
+            schema = func._schema
+            info = (
+                op_key(func),
+                schema.is_mutable,
+                self._is_recordable(func),
+                any(r.alias_info is not None for r in schema.returns),
+            )
+            self.infos[func] = info
+        return info
+
+    def _dispatch(self, func, args, kwargs):
+        tensors = _tensors((args, kwargs), []) if kwargs else _tensors(args, [])
+        device = _one_device(tensors)
+        key, mutable, recordable, returns_alias = self._info(func)
+        pending = self.produced and any(self._ref_of(t) is not None for t in tensors)
+        # Bookkeeping on zero-dim tensors that hold their values (an optimizer's step count)
+        # runs at once: recording it would end the trace at the `.item()` that follows.
+        scalars_only = (
+            bool(tensors) and not pending and all(t.dim() == 0 for t in tensors) and not self._touches_pending(tensors)
+        )
+        if mutable and device is not None and not scalars_only:
+            done = self._record_in_place(func, args, kwargs)
+            if done is not None:
+                return done
+        if not recordable or device is None or scalars_only:
+            if returns_alias and not mutable:
+                # A view: metadata only, run at once. The viewed placeholders become program
+                # outputs; when the view op lowers, it is also recorded (as an alias that is
+                # never a program output itself) so later ops on the view keep fusing.
+                viewed = [t for t in tensors if self._ref_of(t) is not None]
+                for t in viewed:
+                    self.pinned[id(t)] = t
+                out = _run(func, args, kwargs)
+                if viewed and key in self.supported:
+                    outs = [out] if isinstance(out, torch.Tensor) else list(out)
+                    if outs and all(isinstance(o, torch.Tensor) and o.dtype in DTYPES for o in outs):
+                        short = tuple(_short_of(tuple(o.shape), o.dtype) for o in outs)
+                        self._record(func, args, kwargs, outs, alias=True, short=short)
+                return out
+            if self.nodes and self._needs_flush(func, tensors):
+                self.flush(key)
+            return _run(func, args, kwargs)
+        # Inputs that alias a pending placeholder without being one (views of it): materialise.
+        if self.pending_storages:
+            for t in tensors:
+                if self._ref_of(t) is None and _storage(t) in self.pending_storages:
+                    self.flush(f"{key} on a view of a pending tensor")
+                    break
+        types = self._output_types(func, args, kwargs)
+        if types is None:
+            if self.nodes:
+                self.flush(key)
+            return _run(func, args, kwargs)
         if not tensors and isinstance(kwargs.get("device"), (str, torch.device)):
             device = torch.device(kwargs["device"]).type  # a factory op: where it was asked for
-        outs = [torch.empty(m.shape, dtype=m.dtype, device=device) for m in metas]
-        self._record(func, args, kwargs, outs, alias=False, metas=metas)
-        return outs[0] if isinstance(out_meta, torch.Tensor) else tuple(outs)
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in types[0]]
+        self._record(func, args, kwargs, outs, alias=False, short=types[1])
+        return outs[0] if types[2] else tuple(outs)
 
-    def _record(self, func, args, kwargs, outs, alias: bool, metas=None) -> None:
+    def _record(self, func, args, kwargs, outs, alias: bool, short) -> None:
         index = len(self.nodes)
-        metas = metas if metas is not None else outs
 
         def to_ref(x):
             if isinstance(x, torch.Tensor):
@@ -270,48 +551,103 @@ class FusedMode(TorchDispatchMode):
                     k = len(self.inputs)
                     self.inputs.append(x)
                     self.input_ids[id(x)] = k
+                    self.input_storages.add(_storage(x))
+                    self.input_keys.append((x.dtype, tuple(x.shape), x.device.type))
                 return _Input(k)
             return x
 
-        rargs = _map(args, to_ref)
-        rkwargs = _map(kwargs, to_ref)
+        rargs = tuple(_map(a, to_ref) for a in args)
+        rkwargs = {k: _map(v, to_ref) for k, v in kwargs.items()}
+        if TRACES.lifted:
+            rargs, rkwargs = self._lift(func, rargs, rkwargs, short)
         refs = []
         for i, o in enumerate(outs):
-            self.produced[id(o)] = (index, i, weakref.ref(o))
+            w = weakref.ref(o)
+            self.produced[id(o)] = (index, i, w)
             # An alias shares its base's storage: never a program output of its own.
-            refs.append(None if alias else weakref.ref(o))
-            s = _storage(o)
-            if s and not alias:
-                self.pending_storages.add(s)
-        self.nodes.append((func, rargs, rkwargs, refs, [str(m.dtype) for m in metas], [_meta(m) for m in metas]))
+            refs.append(None if alias else w)
+            if not alias:
+                s = _storage(o)
+                if s:
+                    self.pending_storages.add(s)
+        node = (func, rargs, rkwargs, refs, short, alias)
+        self.nodes.append(node)
+        if self.keyable:
+            try:
+                node_key = _key_of(node)
+            except _Unkeyable:
+                self.keyable = False
+            else:
+                self.node_keys.append(node_key)
+                self.hash = hash((self.hash, node_key))
+
+    def _lift(self, func, rargs, rkwargs, short):
+        """The arguments with each float at a lifted position (of an op with a floating result)
+        replaced by a `_Lifted` program input."""
+        out_dtype = short[0].split("[")[0] if short else None
+        if out_dtype not in _LIFTABLE_DTYPES:
+            return rargs, rkwargs
+        key_op = op_key(func)
+
+        def lift(pos, x):
+            if (
+                isinstance(x, float)
+                and (key_op, pos) in TRACES.lifted
+                and (key_op, pos) not in TRACES.not_liftable
+            ):
+                lifted = _Lifted(len(self.lifted), x, out_dtype, (key_op, pos))
+                self.lifted.append(lifted)
+                return lifted
+            return x
+
+        return tuple(lift(i, a) for i, a in enumerate(rargs)), {k: lift(k, v) for k, v in rkwargs.items()}
+
+    def _relift(self) -> None:
+        """Lifts, in the trace recorded so far, the floats of positions lifted since they were
+        recorded, and recomputes the trace's key."""
+        self.lifted = []
+        nodes = []
+        for func, rargs, rkwargs, refs, short, alias in self.nodes:
+            rargs = tuple(x.value if isinstance(x, _Lifted) else x for x in rargs)
+            rkwargs = {k: v.value if isinstance(v, _Lifted) else v for k, v in rkwargs.items()}
+            rargs, rkwargs = self._lift(func, rargs, rkwargs, short)
+            nodes.append((func, rargs, rkwargs, refs, short, alias))
+        self.nodes = nodes
+        self.node_keys = [_key_of(n) for n in nodes]
+        h = 0
+        for k in self.node_keys:
+            h = hash((h, k))
+        self.hash = h
 
     # ----- materialising -----
 
     def _graph(self, live: list[tuple[int, int, torch.Tensor]]) -> dict:
-        inputs = []
-        for k, t in enumerate(self.inputs):
-            inputs.append({"name": f"in{k}", "type": _short(t)})
+        inputs = [{"name": f"in{k}", "type": _short(t)} for k, t in enumerate(self.inputs)]
+        n = len(self.inputs)
+        inputs += [{"name": f"in{n + j.index}", "type": f"{j.dtype}[]"} for j in self.lifted]
 
         def ref(x):
             if isinstance(x, _Ref):
                 return {"node": f"n{x.node}", **({"output": x.out} if x.out else {})}
             if isinstance(x, _Input):
                 return {"node": f"in{x.index}"}
+            if isinstance(x, _Lifted):
+                return {"node": f"in{n + x.index}"}
             return None
 
         nodes = []
-        for i, (func, rargs, rkwargs, _refs, _d, metas) in enumerate(self.nodes):
+        for i, (func, rargs, rkwargs, _refs, short, _alias) in enumerate(self.nodes):
             node = {
                 "name": f"n{i}",
                 "op": op_key(func),
                 "args": [encode_arg(a, ref) for a in rargs],
                 "arg_names": [a.name for a in func._schema.arguments],
-                "outputs": [_short(m) for m in metas],
+                "outputs": list(short),
             }
             if rkwargs:
                 node["kwargs"] = {k: encode_arg(v, ref) for k, v in sorted(rkwargs.items())}
             nodes.append(node)
-        outputs = [{"node": f"n{n}", **({"output": o} if o else {})} for n, o, _ in live]
+        outputs = [{"node": f"n{n_}", **({"output": o} if o else {})} for n_, o, _ in live]
         return {"version": 1, "name": "fused", "inputs": inputs, "nodes": nodes, "outputs": outputs}
 
     def flush(self, reason: str = "materialisation") -> None:
@@ -353,12 +689,115 @@ class FusedMode(TorchDispatchMode):
             finally:
                 self._reset()
 
+    def _trace_key(self, live):
+        if not self.keyable:
+            return None
+        n = native()
+        live_key = tuple((i, j) for i, j, _ in live)
+        context = (n.registry_generation(), n.fault_generation(), tuple(self.refused))
+        return hash((self.hash, live_key, context, tuple(self.input_keys))), live_key
+
     def _run_program(self, live) -> None:
-        program = native().compile_graph(dumps(self._graph(live)), self.refused)
         inputs = [t.detach() if t.is_contiguous() else t.detach().contiguous() for t in self.inputs]
-        caps = program.run(inputs)
+        keyed = self._trace_key(live)
+        entry = None
+        if keyed is not None:
+            with TRACES.lock:
+                evicted = TRACES.evicted.get(keyed[0])
+                entry = self._lookup(keyed)
+            if evicted is not None:
+                raise RuntimeError(f"this trace's program was evicted from the trace cache: {evicted}")
+        if entry is not None:
+            program = entry.program
+        else:
+            program, keyed = self._compile(live, keyed)
+        # Lifted floats as zero-dim inputs (after the compile, which may have lifted more or
+        # put them back).
+        inputs += [torch.tensor(j.value, dtype=_DTYPE_OF[j.dtype]) for j in self.lifted]
+        try:
+            caps = program.run(inputs)
+        except Exception as e:
+            if keyed is not None:
+                with TRACES.lock:
+                    if TRACES.entries.pop(keyed[0], None) is not None:
+                        reason = f"{type(e).__name__}: {str(e)[:300]}"
+                        TRACES.evicted[keyed[0]] = reason
+                        TRACES.evictions += 1
+                        TRACES.last_eviction = reason
+            raise
         for (_, _, t), cap in zip(live, caps):
-            _fill(t, as_tensor(cap), aliased=id(t) in self.pinned)
+            _fill(t, as_tensor(cap), copy=id(t) in self.pinned or id(t) in self.write_back)
+
+    def _lookup(self, keyed):
+        """The cache entry of this trace (the lock held), counted as a hit; None on a miss."""
+        key, live_key = keyed
+        entry = TRACES.entries.get(key)
+        if entry is None:
+            return None
+        if entry.live != live_key or entry.inputs != tuple(self.input_keys) or entry.nodes != tuple(self.node_keys):
+            return None  # a hash collision: compiled afresh, the entry kept
+        TRACES.entries.move_to_end(key)
+        TRACES.hits += 1
+        return entry
+
+    def _compile(self, live, keyed):
+        """Compiles the trace (a cache miss) and keeps it, with why it missed; returns the
+        program and the trace's key as compiled. Floats that alone differ from the closest
+        earlier trace are lifted first, so this program already takes them as inputs."""
+        category, message = "unkeyable", "an argument the trace key cannot describe"
+        if keyed is not None:
+            nodes, input_keys = tuple(self.node_keys), tuple(self.input_keys)
+            with TRACES.lock:
+                closest = None
+                for other in TRACES.recent:
+                    if len(other[0]) == len(nodes):
+                        closest = other
+                if closest is None:
+                    category, message, floats = "new", f"a new trace of {len(nodes)} ops", []
+                else:
+                    category, message, floats = _diff(nodes, input_keys, keyed[1], closest)
+                fresh = {p for p in floats if p not in TRACES.not_liftable and p not in TRACES.lifted}
+                TRACES.lifted.update(fresh)
+            if fresh:
+                self._relift()
+                keyed = self._trace_key(live)
+        try:
+            program = native().compile_graph(dumps(self._graph(live)), self.refused)
+        except Exception:
+            if not self.lifted:
+                raise
+            # A lowering that does not take a lifted argument as a tensor: those arguments stay
+            # constants from now on, and this trace compiles with them as constants.
+            for j in self.lifted:
+                TRACES.not_liftable.add(j.pos)
+            self.lifted = []
+            self._unlift()
+            keyed = None
+            program = native().compile_graph(dumps(self._graph(live)), self.refused)
+        with TRACES.lock:
+            TRACES.misses += 1
+            TRACES.miss_reasons[category] += 1
+            TRACES.last_miss = message
+            if keyed is not None:
+                entry = _Entry(program, tuple(self.node_keys), tuple(self.input_keys), keyed[1])
+                TRACES.recent.append((entry.nodes, entry.inputs, entry.live))
+                TRACES.entries[keyed[0]] = entry
+                while len(TRACES.entries) > TRACE_CACHE_SIZE:
+                    TRACES.entries.popitem(last=False)
+        return program, keyed
+
+    def _unlift(self) -> None:
+        """Puts lifted arguments back as constants (their lowering took no tensor); the trace
+        is then not cached under its key, which counted them as inputs."""
+
+        def back(x):
+            return x.value if isinstance(x, _Lifted) else x
+
+        self.nodes = [
+            (func, tuple(back(a) for a in rargs), {k: back(v) for k, v in rkwargs.items()}, refs, short, alias)
+            for func, rargs, rkwargs, refs, short, alias in self.nodes
+        ]
+        self.keyable = False
 
     def _replay(self, live) -> None:
         values: dict[tuple[int, int], torch.Tensor] = {}
@@ -368,9 +807,11 @@ class FusedMode(TorchDispatchMode):
                 return values[(x.node, x.out)]
             if isinstance(x, _Input):
                 return self.inputs[x.index]
+            if isinstance(x, _Lifted):
+                return x.value
             return x
 
-        for i, (func, rargs, rkwargs, _refs, _d, _m) in enumerate(self.nodes):
+        for i, (func, rargs, rkwargs, _refs, _short, _alias) in enumerate(self.nodes):
             out = func(*_map(rargs, real), **_map(rkwargs, real))
             outs = [out] if isinstance(out, torch.Tensor) else list(out)
             for j, o in enumerate(outs):
@@ -378,6 +819,49 @@ class FusedMode(TorchDispatchMode):
         for i, j, t in live:
             t.data.copy_(values[(i, j)])
         # Aliases (recorded views) already see their bases' storage.
+
+
+def sync() -> None:
+    """Runs what the fused modes active on this thread have recorded (PyTorch/XLA's
+    `mark_step`): the end of a training step, a point to time, or before reading results from
+    another thread. Nothing happens outside fused mode."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for mode in _get_current_dispatch_mode_stack():
+        if isinstance(mode, FusedMode):
+            mode.flush("sync")
+
+
+def _key_of(node) -> tuple:
+    """A recorded node's part of the trace key: the op, its arguments (recorded values and
+    inputs by position, statics by value, lifted floats by position only), whether it is a view."""
+    func, rargs, rkwargs, _refs, _short, alias = node
+    return (
+        func,
+        tuple([_node_key(a) for a in rargs]),
+        tuple(sorted([(k, _node_key(v)) for k, v in rkwargs.items()])) if rkwargs else (),
+        alias,
+    )
+
+
+def _node_key(x):
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return x if isinstance(x, int) else _float_key(x)
+    if isinstance(x, _Ref):
+        return ("r", x.node, x.out)
+    if isinstance(x, _Input):
+        return ("i", x.index)
+    if isinstance(x, _Lifted):
+        return ("lifted",)
+    if isinstance(x, (list, tuple)):
+        return tuple(_node_key(v) for v in x)
+    return _static_key(x)
+
+
+_DTYPE_OF = {v: k for k, v in DTYPES.items()}
+# Result types a float argument is lifted for (its zero-dim input takes that type, which is the
+# type the lowering rounds a constant to).
+_LIFTABLE_DTYPES = frozenset({"f32", "f64", "bf16", "f16"})
 
 
 class _UserError(Exception):
@@ -406,12 +890,12 @@ def _one_device(tensors) -> str | None:
     return None
 
 
-def _fill(t: torch.Tensor, value: torch.Tensor, aliased: bool) -> None:
-    """Makes placeholder `t` hold `value`: by adopting its storage (no copy: the PJRT buffer
-    becomes the tensor's memory) unless a view aliases the placeholder's own storage, in which
-    case the bytes are copied. The autograd version counter is left as it was, so tensors saved
-    for backward stay valid."""
-    if aliased or value.dtype != t.dtype or value.shape != t.shape or value.device != t.device:
+def _fill(t: torch.Tensor, value: torch.Tensor, copy: bool) -> None:
+    """Makes `t` hold `value`: a placeholder adopts its storage (no copy: the PJRT buffer becomes
+    the tensor's memory); with `copy` (a view aliases the placeholder's own storage, or `t` held
+    memory before the trace and was written in place) the bytes are copied into `t`'s memory.
+    The autograd version counter is left as it was, so tensors saved for backward stay valid."""
+    if copy or value.dtype != t.dtype or value.shape != t.shape or value.device != t.device:
         t.data.copy_(value)
         return
     version = t._version
@@ -428,7 +912,11 @@ def _storage(t: torch.Tensor) -> int:
 
 
 def _short(t: torch.Tensor) -> str:
-    dtype = DTYPES.get(t.dtype)
-    if dtype is None:
-        raise Unencodable(f"dtype {t.dtype}")
-    return f"{dtype}[{','.join(str(int(d)) for d in t.shape)}]"
+    return _short_of(t.shape, t.dtype)
+
+
+def _short_of(shape, dtype) -> str:
+    name = DTYPES.get(dtype)
+    if name is None:
+        raise Unencodable(f"dtype {dtype}")
+    return f"{name}[{','.join(str(int(d)) for d in shape)}]"

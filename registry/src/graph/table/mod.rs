@@ -277,6 +277,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::_softmax_backward_data.default", nn::softmax_backward),
     ("aten::_log_softmax_backward_data.default", nn::log_softmax_backward),
     ("aten::nll_loss_forward.default", nn::nll_loss_forward),
+    ("aten::mse_loss.default", nn::mse_loss),
+    ("aten::mse_loss_backward.default", nn::mse_loss_backward),
     ("aten::nll_loss_backward.default", nn::nll_loss_backward),
     ("aten::_scaled_dot_product_flash_attention_for_cpu.default", nn::sdpa_flash_cpu),
     (

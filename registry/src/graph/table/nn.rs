@@ -1005,3 +1005,51 @@ pub(super) fn embedding_bag_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let zeros = splat(b, TensorType::new(g.dtype(), Shape::of(&[num as u64, d])), Scalar::Int(0))?;
     one(put_rows(b, zeros, indices, per_index, true)?)
 }
+
+/// `mse_loss(self, target, reduction=1)`: `(self - target)²`, summed or averaged over every
+/// element (16-bit floats accumulate in f32).
+pub(super) fn mse_loss<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (x, t) = (cx.tensor(0, "self")?, cx.tensor(1, "target")?);
+    let red = reduction(cx, 2)?;
+    let dt = x.dtype();
+    if !dt.is_float() {
+        return bad(format!("mse_loss of {}: PyTorch takes floating-point inputs", x.ty()));
+    }
+    let v = broadcast_all(b, &[x, convert(b, t, dt)?])?;
+    let d = b.binary(BinaryOp::Subtract, v[0], v[1])?;
+    let sq = b.binary(BinaryOp::Multiply, d, d)?;
+    if red == 0 {
+        return one(sq);
+    }
+    let acc = convert(b, sq, acc_type(dt))?;
+    let all: Vec<usize> = (0..acc.rank()).collect();
+    let mut s = reduce(b, acc, BinaryOp::Add, Scalar::Int(0), &all, false)?;
+    if red == 1 {
+        let n = dims_of(acc)?.iter().product::<u64>();
+        s = b.binary(BinaryOp::Divide, s, scalar_const(b, acc.dtype(), Scalar::Int(n as i64))?)?;
+    }
+    one(convert(b, s, dt)?)
+}
+
+/// `mse_loss_backward(grad_output, self, target, reduction)`: `norm · (self - target) ·
+/// grad_output`, `norm` 2 over the element count for a mean, else 2.
+pub(super) fn mse_loss_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let g = cx.tensor(0, "grad_output")?;
+    let (x, t) = (cx.tensor(1, "self")?, cx.tensor(2, "target")?);
+    let red = reduction(cx, 3)?;
+    let dt = x.dtype();
+    let v = broadcast_all(b, &[x, convert(b, t, dt)?, convert(b, g, dt)?])?;
+    if v[0].shape() != x.shape() {
+        return bad(format!(
+            "mse_loss_backward: target and grad_output do not broadcast to {}",
+            x.ty()
+        ));
+    }
+    let n = dims_of(x)?.iter().product::<u64>().max(1);
+    let norm = if red == 1 { 2.0 / n as f64 } else { 2.0 };
+    let d = b.binary(BinaryOp::Subtract, v[0], v[1])?;
+    let scaled = b.binary(BinaryOp::Multiply, d, scalar_const(b, dt, Scalar::Float(norm))?)?;
+    one(b.binary(BinaryOp::Multiply, scaled, v[2])?)
+}
