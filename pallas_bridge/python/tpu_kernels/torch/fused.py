@@ -53,7 +53,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from .. import _events
 from ..errors import InternalError, LoweringDeclined
 from . import _stats
-from ._bindings import TABLE, cpu_output_dtype, op_key, resolve_overload
+from ._bindings import TABLE, cpu_output_dtype, resolve_overload
+from ._bindings import op_key as _schema_op_key
 from ._native import native
 from ._output import as_tensor
 from .graph import DTYPES, Unencodable, dumps, encode_arg
@@ -64,6 +65,17 @@ _PATCHED = ("cpu", "numpy", "tolist", "__repr__", "__str__", "__format__", "__ar
 TRACE_CACHE_SIZE = 512
 # Output types kept by op and argument types (cleared when full).
 _META_CACHE_SIZE = 65536
+
+
+_OP_KEYS: dict = {}
+
+
+def op_key(func) -> str:
+    """`aten::mm.default` of `func`, computed once per op overload."""
+    key = _OP_KEYS.get(func)
+    if key is None:
+        key = _OP_KEYS[func] = _schema_op_key(func)
+    return key
 
 
 class _Input:
@@ -178,6 +190,7 @@ class _TraceCache:
         # (op key, argument position or name) -> lifted float arguments; refused where a
         # lowering would not take a tensor there.
         self.lifted: set[tuple[str, object]] = set()
+        self.lifted_ops: set[str] = set()
         self.not_liftable: set[tuple[str, object]] = set()
         # Output types by (op, argument types and statics): recording needs no meta kernel.
         self.metas: dict[tuple, tuple] = {}
@@ -558,7 +571,7 @@ class FusedMode(TorchDispatchMode):
 
         rargs = tuple(_map(a, to_ref) for a in args)
         rkwargs = {k: _map(v, to_ref) for k, v in kwargs.items()}
-        if TRACES.lifted:
+        if TRACES.lifted and op_key(func) in TRACES.lifted_ops:
             rargs, rkwargs = self._lift(func, rargs, rkwargs, short)
         refs = []
         for i, o in enumerate(outs):
@@ -758,6 +771,7 @@ class FusedMode(TorchDispatchMode):
                     category, message, floats = _diff(nodes, input_keys, keyed[1], closest)
                 fresh = {p for p in floats if p not in TRACES.not_liftable and p not in TRACES.lifted}
                 TRACES.lifted.update(fresh)
+                TRACES.lifted_ops.update(op for op, _ in fresh)
             if fresh:
                 self._relift()
                 keyed = self._trace_key(live)
@@ -882,6 +896,8 @@ def _run(func, args, kwargs):
 def _one_device(tensors) -> str | None:
     """The device a recorded op's tensors share, when programs can read it in place: "cpu", or
     "tpu" (the tpu device's memory is host memory); None otherwise (mixed, meta, ...)."""
+    if all(t.is_cpu for t in tensors):
+        return "cpu"
     devices = {t.device.type for t in tensors}
     if not devices:
         return "cpu"
