@@ -332,6 +332,27 @@ CASES = {
         ),
         [randn(3, 5), randn(3, 5), randn(3, 5), torch.tensor(0.7)],
     ),
+    "tanh_threshold_backward": (
+        lambda gr, x: (a.tanh_backward(gr, x.tanh()), a.threshold_backward(gr, x, 0.0), a.threshold_backward(gr, x, 0.3)),
+        [randn(3, 5), randn(3, 5)],
+    ),
+    "select_backward": (
+        lambda gr: (a.select_backward(gr, [3, 4, 5], 1, 2), a.select_backward(gr, [3, 4, 5], 1, -1)),
+        [randn(3, 5)],
+    ),
+    "stack": (lambda x, y: (a.stack([x, y]), a.stack([x, y], -1), a.stack([x, y], 1)), [randn(3, 5), randn(3, 5)]),
+    "new_zeros_ones": (
+        lambda x: (a.new_zeros(x, [2, 3]), a.new_ones(x, [4], dtype=torch.int64), a.new_zeros(x, [0, 2])),
+        [randn(3, 5)],
+    ),
+    "floor_divide": (
+        lambda x, y, i, j: (a.floor_divide(x, y), a.floor_divide(i, j), a.floor_divide.Scalar(x, 0.7)),
+        [randn(3, 5), randn(3, 5) + 3, randint(-9, 9, 3, 5), randint(1, 4, 3, 5) * torch.tensor([1, -1, 1, -1, 1])],
+    ),
+    "safe_softmax_masked_rows": (
+        lambda x: (a._safe_softmax(x, -1), a._safe_softmax(x, 0), a._safe_softmax(x, -1, dtype=torch.float64)),
+        [torch.where(torch.tensor([[True] * 5, [False] * 5, [True, False, True, False, True]]), randn(3, 5), -torch.inf)],
+    ),
     "addcmul_addcdiv": (
         lambda x, t1, t2: (a.addcmul(x, t1, t2, value=0.3), a.addcdiv(x, t1, t2.abs() + 1, value=-2.5), a.addcmul(x, t1, t2)),
         [randn(3, 5), randn(3, 5), randn(1, 5)],

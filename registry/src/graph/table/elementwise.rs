@@ -124,7 +124,16 @@ pub(super) fn div<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 /// `div` with `rounding_mode` `trunc`, `floor` or none.
 pub(super) fn div_mode<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
-    let mode = cx.opt_string(2, "rounding_mode")?;
+    div_rounded(cx, x, y, cx.opt_string(2, "rounding_mode")?)
+}
+
+/// `floor_divide(self, other)`: `div` rounding toward negative infinity.
+pub(super) fn floor_divide<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
+    div_rounded(cx, x, y, Some("floor"))
+}
+
+fn div_rounded<'b>(cx: &Cx<'_, 'b>, x: Operand<'b>, y: Operand<'b>, mode: Option<&str>) -> Out<'b> {
     let dt = result_type(&[x, y]);
     let b = cx.b;
     match mode {
@@ -268,6 +277,25 @@ pub(super) fn relu<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let x = cx.tensor(0, "self")?;
     let zero = scalar_const(cx.b, x.dtype(), Scalar::Int(0))?;
     one(cx.b.binary(BinaryOp::Maximum, x, zero)?)
+}
+
+/// `threshold_backward(grad_output, self, threshold)`: the gradient where `self` is above the
+/// threshold, 0 elsewhere (ReLU's backward).
+pub(super) fn threshold_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (g, x) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "self")?);
+    let t = scalar_const(cx.b, x.dtype(), cx.scalar(2, "threshold")?)?;
+    let v = broadcast_all(cx.b, &[g, x])?;
+    let keep = cx.b.compare(Direction::Gt, v[1], t)?;
+    let zero = splat(cx.b, v[0].ty(), Scalar::Int(0))?;
+    one(cx.b.select(keep, v[0], zero)?)
+}
+
+/// `tanh_backward(grad_output, output)`: `grad · (1 - output²)`, in f32 for 16-bit floats.
+pub(super) fn tanh_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (g, y) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "output")?);
+    let (gf, yf) = (upcast(cx, g)?, upcast(cx, y)?);
+    let d = gf * (1.0 - yf * yf);
+    one(convert(cx.b, d, float_of(g.dtype()))?)
 }
 
 /// `x` in the type it computes in (f32 for 16-bit floats, f32 for integers).
@@ -521,6 +549,22 @@ pub(super) fn full<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let value = cx.scalar(1, "fill_value")?;
     let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(fill_dtype(value));
     one(splat(cx.b, TensorType { dtype: dt, shape }, value)?)
+}
+
+/// `new_zeros(self, size, dtype=None, ...)` and `new_ones`: `self`'s dtype unless one is given.
+fn new_filled<'b>(cx: &Cx<'_, 'b>, value: i64) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let shape = shape_of(&cx.ints(1, "size")?)?;
+    let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(x.dtype());
+    one(splat(cx.b, TensorType { dtype: dt, shape }, Scalar::Int(value))?)
+}
+
+pub(super) fn new_zeros<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    new_filled(cx, 0)
+}
+
+pub(super) fn new_ones<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    new_filled(cx, 1)
 }
 
 fn filled<'b>(cx: &Cx<'_, 'b>, value: i64) -> Out<'b> {

@@ -116,6 +116,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::div.Scalar", ew::div),
     ("aten::div.Tensor_mode", ew::div_mode),
     ("aten::div.Scalar_mode", ew::div_mode),
+    ("aten::floor_divide.default", ew::floor_divide),
+    ("aten::floor_divide.Scalar", ew::floor_divide),
     ("aten::maximum.default", ew::maximum),
     ("aten::minimum.default", ew::minimum),
     ("aten::pow.Tensor_Scalar", ew::pow),
@@ -143,6 +145,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::silu.default", ew::silu),
     ("aten::silu_backward.default", ew::silu_backward),
     ("aten::gelu_backward.default", ew::gelu_backward),
+    ("aten::tanh_backward.default", ew::tanh_backward),
+    ("aten::threshold_backward.default", ew::threshold_backward),
     // comparisons and logic
     ("aten::eq.Tensor", ew::eq),
     ("aten::eq.Scalar", ew::eq),
@@ -195,6 +199,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::ones.default", ew::ones),
     ("aten::zeros_like.default", ew::zeros_like),
     ("aten::ones_like.default", ew::ones_like),
+    ("aten::new_zeros.default", ew::new_zeros),
+    ("aten::new_ones.default", ew::new_ones),
     ("aten::empty_like.default", ew::zeros_like),
     ("aten::empty.memory_format", ew::zeros),
     ("aten::scalar_tensor.default", ew::scalar_tensor),
@@ -244,6 +250,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::constant_pad_nd.default", shape::constant_pad_nd),
     ("aten::slice_scatter.default", shape::slice_scatter),
     ("aten::slice_backward.default", shape::slice_backward),
+    ("aten::select_backward.default", shape::select_backward),
+    ("aten::stack.default", shape::stack),
     // convolution, batch norm, pooling
     ("aten::convolution.default", conv::convolution),
     ("aten::convolution_backward.default", conv::convolution_backward),
@@ -274,6 +282,7 @@ const TABLE: &[(&str, LowerFn)] = &[
     // softmax, losses, attention
     ("aten::_softmax.default", nn::softmax),
     ("aten::_log_softmax.default", nn::log_softmax),
+    ("aten::_safe_softmax.default", nn::safe_softmax),
     ("aten::_softmax_backward_data.default", nn::softmax_backward),
     ("aten::_log_softmax_backward_data.default", nn::log_softmax_backward),
     ("aten::nll_loss_forward.default", nn::nll_loss_forward),

@@ -546,6 +546,35 @@ pub(super) fn softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(convert(b, r, x.dtype())?)
 }
 
+/// `_safe_softmax(self, dim, dtype=None)`: softmax, except that a row whose every entry is -inf
+/// (an attention row that masks everything) gives zeros, not NaN.
+pub(super) fn safe_softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "self")?;
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let x = match cx.opt_dtype(2, "dtype")? {
+        Some(dt) => convert(b, x, dt)?,
+        None => x,
+    };
+    if !x.dtype().is_float() || x.rank() == 0 {
+        return bad(format!(
+            "_safe_softmax needs a float tensor of rank 1 or more, got {}",
+            x.ty()
+        ));
+    }
+    let xf = convert(b, x, acc_type(x.dtype()))?;
+    let m = reduce(b, xf, BinaryOp::Maximum, Scalar::Float(f64::NEG_INFINITY), &[d], true)?;
+    let m = b.broadcast_to(m, &xf.shape())?;
+    let e = b.unary(UnaryOp::Exp, b.binary(BinaryOp::Subtract, xf, m)?)?;
+    let sum =
+        b.broadcast_to(reduce(b, e, BinaryOp::Add, Scalar::Int(0), &[d], true)?, &xf.shape())?;
+    let r = b.binary(BinaryOp::Divide, e, sum)?;
+    let masked =
+        b.compare(Direction::Eq, m, splat(b, m.ty(), Scalar::Float(f64::NEG_INFINITY))?)?;
+    let r = b.select(masked, splat(b, r.ty(), Scalar::Int(0))?, r)?;
+    one(convert(b, r, x.dtype())?)
+}
+
 /// `_log_softmax`: `x - max - log(sum(exp(x - max)))`.
 pub(super) fn log_softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let (x, d) = softmax_input(cx)?;

@@ -307,6 +307,77 @@ pub(super) fn slice_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     scatter_slice(cx, zeros, g)
 }
 
+/// `select_backward(grad_output, input_sizes, dim, index)`: zeros of the input's size with
+/// `grad_output` at `index` of `dim`.
+pub(super) fn select_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let g = cx.tensor(0, "grad_output")?;
+    let sizes = cx.ints(1, "input_sizes")?;
+    if let Some(s) = sizes.iter().find(|s| **s < 0) {
+        return bad(format!("select_backward: negative input size {s} in {sizes:?}"));
+    }
+    let d = axis(cx.int(2, "dim")?, sizes.len())?;
+    let size = sizes[d];
+    let raw = cx.int(3, "index")?;
+    let index = if raw < 0 { raw + size } else { raw };
+    if index < 0 || index >= size {
+        return bad(format!(
+            "select_backward: index {raw} out of range for dimension {d} of size {size}"
+        ));
+    }
+    let mut want: Vec<u64> = sizes.iter().map(|&s| s as u64).collect();
+    want[d] = 1;
+    let mut have = dims_of(g)?;
+    have.insert(d, 1);
+    if have != want {
+        return bad(format!(
+            "select_backward: grad_output {} does not fit input sizes {sizes:?} at dim {d}",
+            g.ty()
+        ));
+    }
+    let g = b.reshape(g, Shape::of(&want))?;
+    let (mut low, mut high) = (vec![0i64; sizes.len()], vec![0i64; sizes.len()]);
+    (low[d], high[d]) = (index, size - index - 1);
+    let zero = scalar_const(b, g.dtype(), Scalar::Int(0))?;
+    one(b.pad(g, zero, &low, &high, &vec![0; sizes.len()])?)
+}
+
+/// `stack(tensors, dim=0)`: each tensor with a new dimension `dim`, concatenated along it.
+pub(super) fn stack<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let list = cx.tensor_list(0, "tensors")?;
+    let mut ts = Vec::with_capacity(list.len());
+    for t in list {
+        match t {
+            Some(t) => ts.push(t),
+            None => return bad("stack takes no `None` entries"),
+        }
+    }
+    let Some(first) = ts.first() else {
+        return bad("stack of no tensors");
+    };
+    let shape = dims_of(*first)?;
+    let d = axis(cx.int_or(1, "dim", 0)?, first.rank() + 1)?;
+    let operands: Vec<Operand<'b>> = ts.iter().map(|t| Operand::T(*t)).collect();
+    let dt = result_type(&operands);
+    let mut parts = Vec::with_capacity(ts.len());
+    for t in &ts {
+        if dims_of(*t)? != shape {
+            return bad(format!(
+                "stack expects tensors of one size: {} and {}",
+                first.ty(),
+                t.ty()
+            ));
+        }
+        let mut dims = shape.clone();
+        dims.insert(d, 1);
+        parts.push(cx.b.reshape(convert(cx.b, *t, dt)?, Shape::of(&dims))?);
+    }
+    if parts.len() == 1 {
+        return one(parts[0]);
+    }
+    one(cx.b.concatenate(&parts, d as i64)?)
+}
+
 /// `x` with the slice of `dim` given by the arguments from position 2 on replaced by `src`.
 fn scatter_slice<'b>(cx: &Cx<'_, 'b>, x: Tensor<'b>, src: Tensor<'b>) -> Out<'b> {
     let (d, start, end, step) = slice_args(cx, x, 2)?;
