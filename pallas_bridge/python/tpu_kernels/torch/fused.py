@@ -57,7 +57,7 @@ from ._bindings import TABLE, cpu_output_dtype, resolve_overload
 from ._bindings import op_key as _schema_op_key
 from ._native import native
 from ._output import as_tensor
-from .graph import DTYPES, Unencodable, dumps, encode_arg
+from .graph import DTYPES, Unencodable, dumps, encode_arg, fill_masked
 
 _PATCHED = ("cpu", "numpy", "tolist", "__repr__", "__str__", "__format__", "__array__", "data_ptr")
 
@@ -437,7 +437,7 @@ class FusedMode(TorchDispatchMode):
                 return None
             old_refs = None
         types = self._output_types(f, args, kwargs)
-        if types is None or len(types[0]) != 1:
+        if types is None or len(types[0]) != 1 or not types[3][0]:
             return None
         (shape, dtype), = types[0]
         if shape != tuple(target.shape) or dtype != target.dtype:
@@ -462,17 +462,25 @@ class FusedMode(TorchDispatchMode):
             hit = TRACES.metas.get(key)
             if hit is not None:
                 return hit
+        meta_kwargs = _map(kwargs, _meta)
+        if "device" in meta_kwargs:
+            meta_kwargs["device"] = "meta"
         try:
-            out_meta = func(*_map(args, _meta), **_map(kwargs, _meta))
+            out_meta = func(*_map(args, _meta), **meta_kwargs)
         except Exception:
             return None
         metas = [out_meta] if isinstance(out_meta, torch.Tensor) else list(out_meta)
+        # Outputs an output mask left out (None) are typed from their arguments for the program
+        # and stay None for the caller.
+        present = tuple(m is not None for m in metas)
+        if not all(present):
+            metas = fill_masked(func, args, kwargs, metas, lambda a: a)
         if not all(isinstance(m, torch.Tensor) and m.dtype in DTYPES for m in metas):
             return None
         # Placeholders take the dtype PyTorch's CPU kernel gives, where its meta function differs.
         k, dtypes = op_key(func), [t.dtype for t in _tensors((args, kwargs), [])]
         types = tuple((tuple(m.shape), cpu_output_dtype(k, i, m.dtype, dtypes)) for i, m in enumerate(metas))
-        out = (types, tuple(_short_of(sh, dt) for sh, dt in types), isinstance(out_meta, torch.Tensor))
+        out = (types, tuple(_short_of(sh, dt) for sh, dt in types), isinstance(out_meta, torch.Tensor), present)
         if key is not None:
             if len(TRACES.metas) >= _META_CACHE_SIZE:
                 TRACES.metas.clear()
@@ -534,6 +542,11 @@ class FusedMode(TorchDispatchMode):
             if self.nodes and self._needs_flush(func, tensors):
                 self.flush(key)
             return _run(func, args, kwargs)
+        if tensors and "device" in kwargs and kwargs["device"] is not None:
+            if torch.device(kwargs["device"]).type != device:  # a copy to another device
+                if self.nodes and self._needs_flush(func, tensors):
+                    self.flush(key)
+                return _run(func, args, kwargs)
         # Inputs that alias a pending placeholder without being one (views of it): materialise.
         if self.pending_storages:
             for t in tensors:
@@ -547,7 +560,10 @@ class FusedMode(TorchDispatchMode):
             return _run(func, args, kwargs)
         if not tensors and isinstance(kwargs.get("device"), (str, torch.device)):
             device = torch.device(kwargs["device"]).type  # a factory op: where it was asked for
-        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in types[0]]
+        outs = [
+            torch.empty(shape, dtype=dtype, device=device) if here else None
+            for (shape, dtype), here in zip(types[0], types[3])
+        ]
         self._record(func, args, kwargs, outs, alias=False, short=types[1])
         return outs[0] if types[2] else tuple(outs)
 
@@ -575,6 +591,9 @@ class FusedMode(TorchDispatchMode):
             rargs, rkwargs = self._lift(func, rargs, rkwargs, short)
         refs = []
         for i, o in enumerate(outs):
+            if o is None:  # an output the call did not ask for
+                refs.append(None)
+                continue
             w = weakref.ref(o)
             self.produced[id(o)] = (index, i, w)
             # An alias shares its base's storage: never a program output of its own.

@@ -105,24 +105,32 @@ _MASKED_OUTPUT_LIKE = {
 def fill_masked_outputs(node, vals: list) -> list:
     """`vals` (a node's output values) with the outputs an output mask left out (None) filled
     in from the arguments their types follow, for the ops `_MASKED_OUTPUT_LIKE` names."""
-    like = _MASKED_OUTPUT_LIKE.get(op_key(node.target))
+    return fill_masked(
+        node.target, node.args, node.kwargs, vals, lambda a: a.meta.get("val") if isinstance(a, torch.fx.Node) else a
+    )
+
+
+def fill_masked(func, args, kwargs, vals: list, value_of) -> list:
+    """`fill_masked_outputs` for a call of `func`; `value_of(arg)` is an argument's tensor value
+    (an FX node's recorded value, or the tensor itself)."""
+    like = _MASKED_OUTPUT_LIKE.get(op_key(func))
     if like is None or all(v is not None for v in vals) or len(vals) != len(like):
         return vals
 
-    names = [a.name for a in node.target._schema.arguments]
+    names = [a.name for a in func._schema.arguments]
 
     def arg(name):
         i = names.index(name)
-        return node.kwargs.get(name, node.args[i] if i < len(node.args) else None)
+        return kwargs.get(name, args[i] if i < len(args) else None)
 
-    first = next(a for a in node.args if isinstance(a, torch.fx.Node))
-    dtype = first.meta["val"].dtype
+    first = next(v for v in map(value_of, args) if isinstance(v, torch.Tensor))
+    dtype = first.dtype
     out = []
     for v, name in zip(vals, like):
         if v is None:
-            a = arg(name)
-            if isinstance(a, torch.fx.Node):
-                v = a.meta.get("val")
+            a = value_of(arg(name))
+            if isinstance(a, torch.Tensor):
+                v = a
             elif isinstance(a, (list, tuple)):
                 v = torch.empty([int(n) for n in a], dtype=dtype, device="meta")
             else:
