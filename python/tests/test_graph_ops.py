@@ -353,6 +353,41 @@ CASES = {
         lambda x: (a._safe_softmax(x, -1), a._safe_softmax(x, 0), a._safe_softmax(x, -1, dtype=torch.float64)),
         [torch.where(torch.tensor([[True] * 5, [False] * 5, [True, False, True, False, True]]), randn(3, 5), -torch.inf)],
     ),
+    "batch_norm_backward_train": (
+        lambda gr, x, w, rm, rv: a.native_batch_norm_backward(
+            gr, x, w, rm, rv, x.mean((0, 2, 3)), (x.var((0, 2, 3), unbiased=False) + 1e-5).rsqrt(), True, 1e-5,
+            [True, True, True],
+        ),
+        [randn(2, 3, 4, 5), randn(2, 3, 4, 5), randn(3), randn(3), torch.rand(3, generator=g) + 0.5],
+    ),
+    "batch_norm_backward_eval_masked": (
+        lambda gr, x, rm, rv: a.native_batch_norm_backward(gr, x, None, rm, rv, None, None, False, 1e-3, [True, False, True]),
+        [randn(4, 3, 6), randn(4, 3, 6), randn(3), torch.rand(3, generator=g) + 0.5],
+    ),
+    "group_norm_backward": (
+        lambda gr, x, w: (
+            lambda out: a.native_group_norm_backward(gr, x, out[1], out[2], w, 2, 6, 20, 3, [True, True, True])
+        )(a.native_group_norm(x, w, None, 2, 6, 20, 3, 1e-5)),
+        [randn(2, 6, 4, 5), randn(2, 6, 4, 5), randn(6)],
+    ),
+    "group_norm_backward_no_weight_masked": (
+        lambda gr, x: (
+            lambda out: a.native_group_norm_backward(gr, x, out[1], out[2], None, 2, 4, 9, 2, [True, False, True])
+        )(a.native_group_norm(x, None, None, 2, 4, 9, 2, 1e-5)),
+        [randn(2, 4, 3, 3), randn(2, 4, 3, 3)],
+    ),
+    "upsample_nearest2d": (
+        lambda x, gr: (a.upsample_nearest2d(x, [6, 10]), a.upsample_nearest2d_backward(gr, [6, 10], [2, 3, 3, 5])),
+        [randn(2, 3, 3, 5), randn(2, 3, 6, 10)],
+    ),
+    "bce_with_logits": (
+        lambda x, t, w, p: (
+            a.binary_cross_entropy_with_logits(x, t),
+            a.binary_cross_entropy_with_logits(x, t, w, p, 0),
+            a.binary_cross_entropy_with_logits(x * 30, t, None, p, 2),
+        ),
+        [randn(4, 5), torch.rand(4, 5, generator=g), torch.rand(5, generator=g), torch.rand(5, generator=g) + 0.5],
+    ),
     "addcmul_addcdiv": (
         lambda x, t1, t2: (a.addcmul(x, t1, t2, value=0.3), a.addcdiv(x, t1, t2.abs() + 1, value=-2.5), a.addcmul(x, t1, t2)),
         [randn(3, 5), randn(3, 5), randn(1, 5)],

@@ -369,3 +369,25 @@ def test_an_entry_that_fails_to_run_is_evicted_and_never_served_again():
         assert "evicted" in report().ops["fused"]["last_fallback"]
     torch.testing.assert_close(y, torch.exp(x) + 3)
     torch.testing.assert_close(y2, torch.exp(x) + 3)
+
+
+def test_batch_norm_updates_its_running_statistics_inside_the_trace():
+    """`native_batch_norm` updates its running statistics in place (its schema does not say
+    so): it is recorded as its functional op and the statistics are written back, so a training
+    step through batch norm is one program, with eager's statistics and gradients."""
+    import copy
+
+    torch.manual_seed(0)
+    want = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    got = copy.deepcopy(want)
+    x = torch.randn(2, 3, 8, 8)
+    (want(x) ** 2).mean().backward()
+    flushes = report().fused["flushes"]
+    with no_fallbacks(ops=[], programs=1):
+        with substitute("fused"):
+            (got(x) ** 2).mean().backward()
+    assert report().fused["flushes"] == flushes + 1
+    for name, t in want.state_dict().items():
+        torch.testing.assert_close(got.state_dict()[name], t, rtol=1e-5, atol=1e-6, msg=name)
+    for (name, p), q in zip(want.named_parameters(), got.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)

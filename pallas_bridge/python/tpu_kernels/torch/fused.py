@@ -412,6 +412,56 @@ class FusedMode(TorchDispatchMode):
             self.functional[func] = r
         return r
 
+    def _record_mutating(self, func, args, kwargs):
+        """An op that updates some arguments besides returning results (`native_batch_norm`'s
+        running statistics), recorded as its functional op (`_MUTATING`): the updated arguments
+        stand for the functional op's extra outputs, written back as in-place ops are. None when
+        that does not apply."""
+        spec = _MUTATING.get(op_key(func))
+        if spec is None or kwargs.get("out") is not None:
+            return None
+        name, updated, own = spec
+        f = resolve_overload(name)
+        if f is None or not self._is_recordable(f):
+            return None
+        targets = []
+        for arg, out in updated.items():
+            t = args[arg] if arg < len(args) else None
+            if not isinstance(t, torch.Tensor) or not self._writable(t):
+                return None
+            targets.append((out, t))
+        types = self._output_types(f, args, kwargs)
+        if types is None or len(types[0]) != own + len(targets) or not all(types[3]):
+            return None
+        for out, t in targets:
+            if types[0][out] != (tuple(t.shape), t.dtype):
+                return None
+        outs = [torch.empty(shape, dtype=dtype, device=args[0].device) for shape, dtype in types[0][:own]]
+        outs += [t for _, t in sorted(targets, key=lambda p: p[0])]
+        for _, t in targets:
+            self._retire(t)
+        self._record(f, args, kwargs, outs, alias=False, short=types[1])
+        return tuple(outs[:own])
+
+    def _writable(self, t: torch.Tensor) -> bool:
+        """Whether a recorded op may stand for `t`'s new value: a pending placeholder that
+        nothing views, or a dense tensor with memory of its own that no pending value aliases."""
+        hit = self.produced.get(id(t))
+        if hit is not None and hit[2]() is t:
+            return id(t) not in self.pinned and self.nodes[hit[0]][3][hit[1]] is not None
+        if t.dtype not in DTYPES or t.device.type not in ("cpu", "tpu") or not t.is_contiguous():
+            return False
+        return not (self.pending_storages and _storage(t) in self.pending_storages)
+
+    def _retire(self, t: torch.Tensor) -> None:
+        """`t` is about to stand for a new node's output: its old value is no program output any
+        more, or (a tensor with memory) its new value is written back at the flush."""
+        hit = self.produced.get(id(t))
+        if hit is not None and hit[2]() is t:
+            self.nodes[hit[0]][3][hit[1]] = None
+        else:
+            self.write_back[id(t)] = t
+
     def _record_in_place(self, func, args, kwargs):
         """An in-place op recorded as its functional op, whose result the tensor then stands for
         (as functionalization does): a pending placeholder that nothing views, or a tensor that
@@ -421,32 +471,15 @@ class FusedMode(TorchDispatchMode):
         if f is None or not args or not isinstance(args[0], torch.Tensor) or kwargs.get("out") is not None:
             return None
         target = args[0]
-        hit = self.produced.get(id(target))
-        if hit is not None and hit[2]() is target:
-            if id(target) in self.pinned:
-                return None
-            old_refs = self.nodes[hit[0]][3]
-            if old_refs[hit[1]] is None:  # a recorded view: writing it must reach its base
-                return None
-        else:
-            # A tensor with memory of its own: not a view of a pending value, and of a device
-            # and type programs read and write.
-            if target.dtype not in DTYPES or target.device.type not in ("cpu", "tpu"):
-                return None
-            if self.pending_storages and _storage(target) in self.pending_storages:
-                return None
-            old_refs = None
+        if not self._writable(target):
+            return None
         types = self._output_types(f, args, kwargs)
         if types is None or len(types[0]) != 1 or not types[3][0]:
             return None
         (shape, dtype), = types[0]
         if shape != tuple(target.shape) or dtype != target.dtype:
             return None
-        # The old value is no program output any more; the new node's output is.
-        if old_refs is not None:
-            old_refs[hit[1]] = None
-        else:
-            self.write_back[id(target)] = target
+        self._retire(target)
         self._record(f, args, kwargs, [target], alias=False, short=types[1])
         return target
 
@@ -520,8 +553,11 @@ class FusedMode(TorchDispatchMode):
         scalars_only = (
             bool(tensors) and not pending and all(t.dim() == 0 for t in tensors) and not self._touches_pending(tensors)
         )
-        if mutable and device is not None and not scalars_only:
-            done = self._record_in_place(func, args, kwargs)
+        if (mutable or key in _MUTATING) and device is not None and not scalars_only:
+            # (`native_batch_norm`'s schema does not mark the running statistics it updates.)
+            done = self._record_mutating(func, args, kwargs) if key in _MUTATING else None
+            if done is None and mutable:
+                done = self._record_in_place(func, args, kwargs)
             if done is not None:
                 return done
         if not recordable or device is None or scalars_only:
@@ -892,6 +928,11 @@ def _node_key(x):
 
 
 _DTYPE_OF = {v: k for k, v in DTYPES.items()}
+# Ops that update arguments besides returning results: (their functional op, {updated argument
+# position: functional output index}, how many leading outputs are the op's own results).
+_MUTATING = {
+    "aten::native_batch_norm.default": ("aten::_native_batch_norm_legit_functional.default", {3: 3, 4: 4}, 3),
+}
 # Result types a float argument is lifted for (its zero-dim input takes that type, which is the
 # type the lowering rounds a constant to).
 _LIFTABLE_DTYPES = frozenset({"f32", "f64", "bf16", "f16"})

@@ -99,6 +99,8 @@ def encode_arg(a, ref):
 _MASKED_OUTPUT_LIKE = {
     "aten::native_layer_norm_backward.default": ("input", "weight", "bias"),
     "aten::convolution_backward.default": ("input", "weight", "bias_sizes"),
+    "aten::native_batch_norm_backward.default": ("input", "weight", "weight"),
+    "aten::native_group_norm_backward.default": ("input", "weight", "weight"),
 }
 
 

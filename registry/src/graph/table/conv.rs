@@ -360,6 +360,151 @@ pub(super) fn batch_norm_functional<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     ])
 }
 
+/// `native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+/// save_invstd, train, eps, output_mask)`: `(grad_input, grad_weight, grad_bias)`. Training
+/// differentiates through the batch's statistics (`save_*`); evaluation through the running ones.
+/// Outputs the mask leaves out are zeros of their declared type.
+pub(super) fn batch_norm_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (g, x) = (cx.tensor(0, "grad_out")?, cx.tensor(1, "input")?);
+    check_bn_input(x)?;
+    let weight = cx.opt_tensor(2, "weight")?;
+    let training = cx.bool_or(7, "train", true)?;
+    let eps = cx.opt_float(8, "eps")?.unwrap_or(1e-5);
+    let mask = cx.bools(9, "output_mask")?;
+    if mask.len() != 3 {
+        return bad(format!("`output_mask` needs 3 entries, got {mask:?}"));
+    }
+    let acc = acc_type(x.dtype());
+    let (xa, ga) = (convert(b, x, acc)?, convert(b, g, acc)?);
+    let full = xa.ty();
+    let (mean, invstd) = if training {
+        let (m, r) = (cx.tensor(5, "save_mean")?, cx.tensor(6, "save_invstd")?);
+        (convert(b, m, acc)?, convert(b, r, acc)?)
+    } else {
+        let (m, v) = (cx.tensor(3, "running_mean")?, cx.tensor(4, "running_var")?);
+        let eps_t = scalar_const(b, acc, Scalar::Float(eps))?;
+        let v = convert(b, v, acc)?;
+        (convert(b, m, acc)?, b.unary(UnaryOp::Rsqrt, b.binary(BinaryOp::Add, v, eps_t)?)?)
+    };
+    let xhat = b.binary(
+        BinaryOp::Multiply,
+        b.binary(BinaryOp::Subtract, xa, per_channel(b, mean, &full)?)?,
+        per_channel(b, invstd, &full)?,
+    )?;
+    let dbeta = channel_sum(b, ga)?;
+    let dgamma = channel_sum(b, b.binary(BinaryOp::Multiply, ga, xhat)?)?;
+    let gamma = match weight {
+        Some(w) => convert(b, w, acc)?,
+        None => splat(b, invstd.ty(), Scalar::Int(1))?,
+    };
+    let scale = per_channel(b, b.binary(BinaryOp::Multiply, gamma, invstd)?, &full)?;
+    let dx = if training {
+        let d = dims_of(x)?;
+        let count: u64 = d.iter().enumerate().filter(|(i, _)| *i != 1).map(|(_, n)| n).product();
+        let inv_m = scalar_const(b, acc, Scalar::Float(1.0 / count.max(1) as f64))?;
+        let mb = per_channel(b, b.binary(BinaryOp::Multiply, dbeta, inv_m)?, &full)?;
+        let mg = per_channel(b, b.binary(BinaryOp::Multiply, dgamma, inv_m)?, &full)?;
+        let inner = b.binary(BinaryOp::Subtract, ga, mb)?;
+        let inner = b.binary(BinaryOp::Subtract, inner, b.binary(BinaryOp::Multiply, xhat, mg)?)?;
+        b.binary(BinaryOp::Multiply, inner, scale)?
+    } else {
+        b.binary(BinaryOp::Multiply, ga, scale)?
+    };
+    let results = [dx, dgamma, dbeta];
+    let mut outs = Vec::with_capacity(3);
+    for (i, r) in results.into_iter().enumerate() {
+        let want = declared_output(cx, i)?;
+        outs.push(if mask[i] {
+            convert(b, r, want.dtype)?
+        } else {
+            splat(b, want, Scalar::Int(0))?
+        });
+    }
+    Ok(outs)
+}
+
+/// `upsample_nearest2d(input, output_size, scales_h=None, scales_w=None)` at whole factors
+/// (each output size a multiple of the input's): every pixel repeated.
+pub(super) fn upsample_nearest2d<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let x = cx.tensor(0, "input")?;
+    let out = cx.ints(1, "output_size")?;
+    let (nc, hw) = nearest_factors(cx, x, &out, 2)?;
+    let d = dims_of(x)?;
+    let (h, w, fh, fw) = (d[2], d[3], hw[0], hw[1]);
+    // [N, C, H, W] -> [N, C, H, fh, W, fw] -> [N, C, H fh, W fw]
+    let wide = TensorType::new(x.dtype(), Shape::of(&[nc.0, nc.1, h, fh, w, fw]));
+    let spread = b.broadcast_in_dim(x, wide, &[0, 1, 2, 4])?;
+    one(b.reshape(spread, Shape::of(&[nc.0, nc.1, h * fh, w * fw]))?)
+}
+
+/// `upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h, scales_w)`:
+/// each input pixel's gradient is the sum over the pixels it was repeated into.
+pub(super) fn upsample_nearest2d_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let g = cx.tensor(0, "grad_output")?;
+    let out = cx.ints(1, "output_size")?;
+    let input = cx.ints(2, "input_size")?;
+    if input.len() != 4 || out.len() != 2 || dims_of(g)?[2..] != [out[0] as u64, out[1] as u64] {
+        return bad(format!(
+            "upsample_nearest2d_backward: grad {} against output size {out:?}, input size {input:?}",
+            g.ty()
+        ));
+    }
+    let (h, w) = (input[2], input[3]);
+    if h <= 0 || w <= 0 || out[0] % h != 0 || out[1] % w != 0 {
+        return bad(format!(
+            "upsample_nearest2d_backward: output {out:?} is no whole multiple of input {input:?}"
+        ));
+    }
+    let (fh, fw) = ((out[0] / h) as u64, (out[1] / w) as u64);
+    let d = dims_of(g)?;
+    let acc = acc_type(g.dtype());
+    let ga = convert(b, g, acc)?;
+    let blocks = b.reshape(ga, Shape::of(&[d[0], d[1], h as u64, fh, w as u64, fw]))?;
+    let summed = reduce(b, blocks, BinaryOp::Add, Scalar::Int(0), &[3, 5], false)?;
+    one(convert(b, summed, g.dtype())?)
+}
+
+/// `(N, C)` and the whole factors of the last `n` dims between `x` and `out`.
+fn nearest_factors(
+    cx: &Cx<'_, '_>,
+    x: Tensor<'_>,
+    out: &[i64],
+    n: usize,
+) -> R<((u64, u64), Vec<u64>)> {
+    let d = dims_of(x)?;
+    if d.len() != n + 2 || out.len() != n {
+        return bad(format!(
+            "upsample_nearest{n}d needs an input [N, C, {n} dims] and {n} output sizes, got {} and {out:?}",
+            x.ty()
+        ));
+    }
+    for k in 0..2 {
+        let name = if k == 0 { "scales_h" } else { "scales_w" };
+        if let Some(s) = cx.opt_float(2 + k, name)? {
+            // PyTorch's index from a given scale, floor(i / s), agrees with the sizes' ratio
+            // only when the scale is that ratio.
+            if (s - out[k] as f64 / d[2 + k] as f64).abs() > 1e-12 {
+                return bad(format!("upsample_nearest2d: scale {s} is not output / input size"));
+            }
+        }
+    }
+    let mut f = Vec::with_capacity(n);
+    for k in 0..n {
+        let (i, o) = (d[2 + k], out[k]);
+        if i == 0 || o <= 0 || o as u64 % i != 0 {
+            return bad(format!(
+                "upsample_nearest2d: output size {out:?} is no whole multiple of {}",
+                x.ty()
+            ));
+        }
+        f.push(o as u64 / i);
+    }
+    Ok(((d[0], d[1]), f))
+}
+
 /// The type the node declares for its output `i`.
 fn declared_output(cx: &Cx<'_, '_>, i: usize) -> R<TensorType> {
     match cx.node.outputs.get(i) {

@@ -230,6 +230,7 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::sort.stable", reduce::sort),
     ("aten::topk.default", reduce::topk),
     ("aten::native_group_norm.default", reduce::group_norm),
+    ("aten::native_group_norm_backward.default", reduce::group_norm_backward),
     // shapes
     ("aten::view.default", shape::view),
     ("aten::_unsafe_view.default", shape::view),
@@ -256,6 +257,9 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::convolution.default", conv::convolution),
     ("aten::convolution_backward.default", conv::convolution_backward),
     ("aten::_native_batch_norm_legit_functional.default", conv::batch_norm_functional),
+    ("aten::native_batch_norm_backward.default", conv::batch_norm_backward),
+    ("aten::upsample_nearest2d.default", conv::upsample_nearest2d),
+    ("aten::upsample_nearest2d_backward.default", conv::upsample_nearest2d_backward),
     ("aten::max_pool2d_with_indices.default", conv::max_pool2d_with_indices),
     ("aten::max_pool2d_with_indices_backward.default", conv::max_pool2d_with_indices_backward),
     // mixture of experts: grouped matmul, tokens per expert
@@ -287,6 +291,7 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::_log_softmax_backward_data.default", nn::log_softmax_backward),
     ("aten::nll_loss_forward.default", nn::nll_loss_forward),
     ("aten::mse_loss.default", nn::mse_loss),
+    ("aten::binary_cross_entropy_with_logits.default", nn::bce_with_logits),
     ("aten::mse_loss_backward.default", nn::mse_loss_backward),
     ("aten::nll_loss_backward.default", nn::nll_loss_backward),
     ("aten::_scaled_dot_product_flash_attention_for_cpu.default", nn::sdpa_flash_cpu),

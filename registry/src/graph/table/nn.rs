@@ -1082,3 +1082,70 @@ pub(super) fn mse_loss_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let scaled = b.binary(BinaryOp::Multiply, d, scalar_const(b, dt, Scalar::Float(norm))?)?;
     one(b.binary(BinaryOp::Multiply, scaled, v[2])?)
 }
+
+/// `binary_cross_entropy_with_logits(self, target, weight=None, pos_weight=None, reduction=1)`:
+/// `(1 - t) x + lw (log1p(exp(-|x|)) + max(-x, 0))`, `lw = (pos_weight - 1) t + 1` (1 without a
+/// pos_weight), times `weight`, reduced (16-bit floats compute in f32).
+pub(super) fn bce_with_logits<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (x0, t0) = (cx.tensor(0, "self")?, cx.tensor(1, "target")?);
+    let weight = cx.opt_tensor(2, "weight")?;
+    let pos_weight = cx.opt_tensor(3, "pos_weight")?;
+    let red = reduction(cx, 4)?;
+    let dt = x0.dtype();
+    if !dt.is_float() {
+        return bad(format!(
+            "binary_cross_entropy_with_logits of {}: PyTorch takes floating-point inputs",
+            x0.ty()
+        ));
+    }
+    let acc = acc_type(dt);
+    let (x, t) = (convert(b, x0, acc)?, convert(b, t0, acc)?);
+    let v = broadcast_all(b, &[x, t])?;
+    if v[0].shape() != x.shape() {
+        return bad(format!("target {} does not match input {}", t0.ty(), x0.ty()));
+    }
+    let (x, t) = (v[0], v[1]);
+    let one_ = splat(b, x.ty(), Scalar::Int(1))?;
+    let zero = splat(b, x.ty(), Scalar::Int(0))?;
+    let neg = b.unary(UnaryOp::Negate, x)?;
+    let soft = b.binary(
+        BinaryOp::Add,
+        b.unary(
+            UnaryOp::LogPlusOne,
+            b.unary(UnaryOp::Exp, b.unary(UnaryOp::Negate, b.unary(UnaryOp::Abs, x)?)?)?,
+        )?,
+        b.binary(BinaryOp::Maximum, neg, zero)?,
+    )?;
+    let soft = match pos_weight {
+        Some(p) => {
+            let p = b.broadcast_to(convert(b, p, acc)?, &x.shape())?;
+            let lw = b.binary(
+                BinaryOp::Add,
+                b.binary(BinaryOp::Multiply, b.binary(BinaryOp::Subtract, p, one_)?, t)?,
+                one_,
+            )?;
+            b.binary(BinaryOp::Multiply, lw, soft)?
+        }
+        None => soft,
+    };
+    let mut loss = b.binary(
+        BinaryOp::Add,
+        b.binary(BinaryOp::Multiply, b.binary(BinaryOp::Subtract, one_, t)?, x)?,
+        soft,
+    )?;
+    if let Some(w) = weight {
+        loss =
+            b.binary(BinaryOp::Multiply, loss, b.broadcast_to(convert(b, w, acc)?, &x.shape())?)?;
+    }
+    if red == 0 {
+        return one(convert(b, loss, dt)?);
+    }
+    let all: Vec<usize> = (0..loss.rank()).collect();
+    let mut s = reduce(b, loss, BinaryOp::Add, Scalar::Int(0), &all, false)?;
+    if red == 1 {
+        let n: u64 = dims_of(loss)?.iter().product();
+        s = b.binary(BinaryOp::Divide, s, scalar_const(b, acc, Scalar::Int(n as i64))?)?;
+    }
+    one(convert(b, s, dt)?)
+}

@@ -1,7 +1,7 @@
 //! Reductions.
 
 use tpu_kernels::ir::{BinaryOp, Direction, UnaryOp};
-use tpu_kernels::{DType, Dim, KernelBuilder, Shape, Tensor};
+use tpu_kernels::{DType, Dim, KernelBuilder, Shape, Tensor, TensorType};
 
 use super::{Cx, R, Scalar, acc_type, axis, bad, convert, dims_of, one, scalar_const, splat};
 
@@ -362,6 +362,102 @@ pub(super) fn group_norm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         convert(b, b.reshape(mean, stats.clone())?, x.dtype())?,
         convert(b, b.reshape(rstd, stats)?, x.dtype())?,
     ])
+}
+
+/// `native_group_norm_backward(grad_out, input, mean, rstd, weight, N, C, HxW, group,
+/// output_mask)`: `(grad_input, grad_weight, grad_bias)`; with `x̂` the normalised input and `w` the
+/// gradient times the channel's weight, `grad_input = rstd · (w - mean(w) - x̂ · mean(w x̂))` over
+/// each group. Outputs the mask leaves out are zeros of their declared type.
+pub(super) fn group_norm_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let b = cx.b;
+    let (g, x) = (cx.tensor(0, "grad_out")?, cx.tensor(1, "input")?);
+    let (mean, rstd) = (cx.tensor(2, "mean")?, cx.tensor(3, "rstd")?);
+    let weight = cx.opt_tensor(4, "weight")?;
+    let (n, c, hw, groups) =
+        (cx.int(5, "N")?, cx.int(6, "C")?, cx.int(7, "HxW")?, cx.int(8, "group")?);
+    let mask = cx.bools(9, "output_mask")?;
+    if mask.len() != 3 {
+        return bad(format!("`output_mask` needs 3 entries, got {mask:?}"));
+    }
+    let have = dims_of(x)?;
+    let numel: u64 = have.iter().product();
+    if !x.dtype().is_float()
+        || groups <= 0
+        || n < 0
+        || c % groups != 0
+        || (n * c * hw) as u64 != numel
+        || have.get(1) != Some(&(c as u64))
+        || dims_of(g)? != have
+    {
+        return bad(format!(
+            "group_norm_backward: N={n}, C={c}, HxW={hw}, group={groups} do not fit {} (grad {})",
+            x.ty(),
+            g.ty()
+        ));
+    }
+    let (n, c, hw, groups) = (n as u64, c as u64, hw as u64, groups as u64);
+    let acc = acc_type(x.dtype());
+    let by_channel = Shape::of(&[n, c, hw]);
+    let grouped = Shape::of(&[n, groups, (c / groups) * hw]);
+    let (xa, ga) = (b.reshape(convert(b, x, acc)?, grouped.clone())?, convert(b, g, acc)?);
+    let stat = |t: Tensor<'b>| -> R<Tensor<'b>> {
+        let t = b.reshape(convert(b, t, acc)?, Shape::of(&[n, groups, 1]))?;
+        Ok(b.broadcast_to(t, &grouped)?)
+    };
+    let xhat =
+        b.binary(BinaryOp::Multiply, b.binary(BinaryOp::Subtract, xa, stat(mean)?)?, stat(rstd)?)?;
+    // Per-channel sums over the batch and positions.
+    let xhat_c = b.reshape(xhat, by_channel.clone())?;
+    let g_c = b.reshape(ga, by_channel.clone())?;
+    let dbeta = reduce(b, g_c, BinaryOp::Add, Scalar::Int(0), &[0, 2], false)?;
+    let dgamma = reduce(
+        b,
+        b.binary(BinaryOp::Multiply, g_c, xhat_c)?,
+        BinaryOp::Add,
+        Scalar::Int(0),
+        &[0, 2],
+        false,
+    )?;
+    let wg = match weight {
+        Some(w) => {
+            let w = b.broadcast_in_dim(
+                convert(b, w, acc)?,
+                TensorType::new(acc, by_channel.clone()),
+                &[1],
+            )?;
+            b.binary(BinaryOp::Multiply, g_c, w)?
+        }
+        None => g_c,
+    };
+    let wg = b.reshape(wg, grouped.clone())?;
+    let count = scalar_const(b, acc, Scalar::Float(((c / groups) * hw).max(1) as f64))?;
+    let group_mean = |t: Tensor<'b>| -> R<Tensor<'b>> {
+        let s = reduce(b, t, BinaryOp::Add, Scalar::Int(0), &[2], true)?;
+        Ok(b.broadcast_to(b.binary(BinaryOp::Divide, s, count)?, &grouped)?)
+    };
+    let inner = b.binary(BinaryOp::Subtract, wg, group_mean(wg)?)?;
+    let proj =
+        b.binary(BinaryOp::Multiply, xhat, group_mean(b.binary(BinaryOp::Multiply, wg, xhat)?)?)?;
+    let dx =
+        b.binary(BinaryOp::Multiply, b.binary(BinaryOp::Subtract, inner, proj)?, stat(rstd)?)?;
+    let dx = b.reshape(dx, x.shape())?;
+    let declared = &cx.node.outputs;
+    if declared.len() != 3 {
+        return bad(format!(
+            "native_group_norm_backward declares {} outputs, not 3",
+            declared.len()
+        ));
+    }
+    let mut outs = Vec::with_capacity(3);
+    for (i, r) in [dx, dgamma, dbeta].into_iter().enumerate() {
+        let want = declared[i].clone();
+        outs.push(if mask[i] {
+            convert(b, r, want.dtype)?
+        } else {
+            splat(b, want, Scalar::Int(0))?
+        });
+    }
+    Ok(outs)
 }
 
 // ----- sorting -----
