@@ -494,7 +494,7 @@ fn nearest_factors(
     let mut f = Vec::with_capacity(n);
     for k in 0..n {
         let (i, o) = (d[2 + k], out[k]);
-        if i == 0 || o <= 0 || o as u64 % i != 0 {
+        if i == 0 || o <= 0 || !(o as u64).is_multiple_of(i) {
             return bad(format!(
                 "upsample_nearest2d: output size {out:?} is no whole multiple of {}",
                 x.ty()
