@@ -33,7 +33,7 @@ use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, Kernel
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program, ViewCache};
 use tpu_kernels_registry::{
     CallMeta, DispatchError, Dispatcher, HostTensor, Index, LendError, Registry, execute_lending,
-    fault, normalize_op,
+    fault, normalize_op, with_pooled_outputs,
 };
 
 /// Counters of the graph path.
@@ -48,6 +48,10 @@ struct GraphStats {
     /// Inputs a run wrote an output into (donated: in place; or copied in).
     inputs_updated_in_place: u64,
     inputs_updated_by_copy: u64,
+    /// Program outputs written into the caching allocator's blocks, and those whose block could
+    /// not be had (a fresh buffer then).
+    outputs_pooled: u64,
+    outputs_pool_missed: u64,
     lower_errors: u64,
     /// Kernel name -> how many graph programs inlined it.
     kernels: BTreeMap<String, u64>,
@@ -505,6 +509,9 @@ struct ProgramInner {
     kernels: Vec<String>,
     /// `(input, output)`: the output is computed into the input's memory (donated).
     donations: Vec<(usize, usize)>,
+    /// Outputs written into lent blocks of the caching allocator (extra parameters after the
+    /// inputs, see `registry::with_pooled_outputs`).
+    pooled: Vec<(usize, TensorType)>,
 }
 
 /// How a program's inputs and outputs cross its boundary: per input, the order in which the
@@ -673,7 +680,7 @@ impl GraphProgram {
             .copied()
             .filter(|&(i, _)| matches!(data.get(i), Some(Cow::Borrowed(_))))
             .collect();
-        if !loans.is_empty() {
+        if !loans.is_empty() || !p.pooled.is_empty() {
             if let Some(m) = fault::program_run(&p.name, &p.kernels) {
                 return Err(PyRuntimeError::new_err(format!(
                     "graph `{}`: execute failed: {m}",
@@ -685,10 +692,12 @@ impl GraphProgram {
                 .zip(&p.inputs)
                 .map(|(bytes, ty)| HostTensor { ty, data: bytes, contiguous: true })
                 .collect();
+            let pooled: Vec<(usize, &TensorType)> = p.pooled.iter().map(|(k, t)| (*k, t)).collect();
             // SAFETY: each loaned input is a graph input that an in-place op updates and
             // nothing else in the graph reads (`_donations` in the backend), read here in
             // place: its tensor's own memory, which the caller hands over to be written, as
-            // AOT autograd writes a mutated input after the graph runs.
+            // AOT autograd writes a mutated input after the graph runs. Pooled outputs' blocks
+            // come from the allocator and belong to the outputs.
             let run = unsafe {
                 execute_lending(
                     rt.dispatcher.client(),
@@ -696,7 +705,7 @@ impl GraphProgram {
                     &p.executable,
                     &host,
                     &loans,
-                    &[],
+                    &pooled,
                 )
             }
             .map_err(|e| {
@@ -719,6 +728,10 @@ impl GraphProgram {
                 }
             }
             self.count_run(rt, start, gathered, run.in_place, run.by_copy);
+            if let Ok(mut s) = rt.graph_stats.lock() {
+                s.outputs_pooled += run.pooled;
+                s.outputs_pool_missed += run.pool_missed;
+            }
             return Ok(exported);
         }
         let mut buffers = Vec::with_capacity(imported.len());
@@ -819,6 +832,17 @@ fn compile_inner(
         }
     }
     let text = module.to_text();
+    // Outputs large enough to pool are written into the caching allocator's blocks, lent to
+    // each run as extra parameters, as eager kernel calls do (fresh buffers of that size fault
+    // their pages in on every run).
+    let (text, pooled) = match rt
+        .dispatcher
+        .pool_outputs_min_bytes()
+        .and_then(|min| with_pooled_outputs(&text, min))
+    {
+        Some((wrapped, outputs)) => (wrapped, outputs),
+        None => (text, Vec::new()),
+    };
     let program = Program::text(text.clone());
     let options = CompileOptions::new();
     let key = rt.cache.key(rt.dispatcher.client(), &program, &options);
@@ -836,6 +860,7 @@ fn compile_inner(
         outputs: main.results.clone(),
         kernels: resolver.used.into_inner().into_iter().map(|(_, k)| k).collect(),
         donations: donations.to_vec(),
+        pooled,
     }))
 }
 
@@ -1041,6 +1066,8 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         g.set_item("inputs_gathered", gs.inputs_gathered)?;
         g.set_item("inputs_updated_in_place", gs.inputs_updated_in_place)?;
         g.set_item("inputs_updated_by_copy", gs.inputs_updated_by_copy)?;
+        g.set_item("outputs_pooled", gs.outputs_pooled)?;
+        g.set_item("outputs_pool_missed", gs.outputs_pool_missed)?;
         g.set_item("lower_errors", gs.lower_errors)?;
         g.set_item("kernels", gs.kernels.clone())?;
         g.set_item("kernels_run", gs.kernels_run.clone())?;

@@ -28,7 +28,7 @@ CASES = {
         "run",
         [
             "test_torch_fused.py::test_fused_equals_strict_and_eager",
-            "test_torch_fused.py::test_programs_are_cached_by_fingerprint",
+            "test_torch_fused.py::test_programs_are_cached_by_trace",
             "test_graph_fusion.py::test_fused_eager_mode_fuses_the_recorded_chain[F.rms_norm]",
         ],
     ),

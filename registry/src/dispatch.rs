@@ -579,6 +579,24 @@ pub const POOL_OUTPUTS_MIN_BYTES: usize = 256 << 10;
 
 /// The outputs of `module`'s entry not written into an argument, with their types, and their
 /// bytes summed; `None` when the entry cannot be found or a type has no size.
+/// `text` rewritten so that its outputs not aliased to an input take their memory as extra
+/// parameters after the inputs (`reader::Module::with_output_params`), with those outputs, when
+/// they total at least `min_bytes`; None when they do not, or the text cannot be read or
+/// rewritten (the program then keeps fresh outputs). Run such a program with
+/// [`execute_lending`]'s `pooled`.
+pub fn with_pooled_outputs(
+    text: &str,
+    min_bytes: usize,
+) -> Option<(String, Vec<(usize, TensorType)>)> {
+    let module = tpu_kernels::reader::parse_module(text).ok()?;
+    let (outputs, bytes) = unaliased_outputs(&module)?;
+    if outputs.is_empty() || bytes < min_bytes {
+        return None;
+    }
+    let ks: Vec<usize> = outputs.iter().map(|(k, _)| *k).collect();
+    Some((module.with_output_params(&ks).ok()?, outputs))
+}
+
 fn unaliased_outputs(
     module: &tpu_kernels::reader::Module<'_>,
 ) -> Option<(Vec<(usize, TensorType)>, usize)> {
@@ -724,6 +742,12 @@ impl Dispatcher {
     pub fn pool_outputs_from(mut self, bytes: Option<usize>) -> Dispatcher {
         self.pool_outputs_from = bytes;
         self
+    }
+
+    /// The size from which outputs go to the caching allocator on this client: None off the
+    /// CPU (a device's outputs are its own memory) or when pooling is off.
+    pub fn pool_outputs_min_bytes(&self) -> Option<usize> {
+        self.pool_outputs_from.filter(|_| self.client.platform() == "cpu")
     }
 
     /// With `no_fallback`, a call that runs no kernel is a [`DispatchError::Forbidden`] rather
@@ -976,15 +1000,7 @@ impl Dispatcher {
         // Outputs large enough to pool: the program takes their memory as extra parameters
         // (a text that cannot be read or rewritten keeps fresh outputs).
         let pooled_text =
-            self.pool_outputs_from.filter(|_| self.client.platform() == "cpu").and_then(|min| {
-                let module = tpu_kernels::reader::parse_module(&text.text).ok()?;
-                let (outputs, bytes) = unaliased_outputs(&module)?;
-                if outputs.is_empty() || bytes < min {
-                    return None;
-                }
-                let ks: Vec<usize> = outputs.iter().map(|(k, _)| *k).collect();
-                Some((module.with_output_params(&ks).ok()?, outputs))
-            });
+            self.pool_outputs_min_bytes().and_then(|min| with_pooled_outputs(&text.text, min));
         let (program, pooled) = match pooled_text {
             Some((wrapped, outputs)) => (Program::text(wrapped), outputs),
             None => (Program::text(text.text.to_string()), Vec::new()),

@@ -16,7 +16,7 @@ pub mod pjrt;
 
 pub use dispatch::{
     DispatchError, Dispatcher, Fallback, FallbackReason, GraphRunError, HostTensor, LendError,
-    LentRun, execute_lending,
+    LentRun, execute_lending, with_pooled_outputs,
 };
 pub use error::RegistryError;
 pub use index::{

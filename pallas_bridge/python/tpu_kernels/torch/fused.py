@@ -307,7 +307,9 @@ class FusedMode(TorchDispatchMode):
         self.input_storages: set[int] = set()
         self.produced: dict[int, tuple[int, int, weakref.ref]] = {}
         self.pinned: dict[int, torch.Tensor] = {}
-        self.pending_storages: set[int] = set()
+        # Storage address -> the pending tensor that owns it. A dead owner's address may have
+        # been reused by a new tensor (nothing alive views it: a viewed placeholder is pinned).
+        self.pending_storages: dict[int, weakref.ref] = {}
         # Tensors that held memory before the trace and were written in place: the flush copies
         # their new value into that memory.
         self.write_back: dict[int, torch.Tensor] = {}
@@ -373,6 +375,11 @@ class FusedMode(TorchDispatchMode):
             return _Ref(hit[0], hit[1])
         return None
 
+    def _pending_storage(self, t: torch.Tensor) -> bool:
+        """Whether `t`'s memory is that of a pending tensor still alive."""
+        w = self.pending_storages.get(_storage(t))
+        return w is not None and w() is not None
+
     def _touches_pending(self, tensors) -> bool:
         """Whether any of `tensors` is a pending value or shares memory with one."""
         for t in tensors:
@@ -380,7 +387,7 @@ class FusedMode(TorchDispatchMode):
                 return True
         if self.pending_storages:
             for t in tensors:
-                if _storage(t) in self.pending_storages:
+                if self._pending_storage(t):
                     return True
         return False
 
@@ -451,7 +458,7 @@ class FusedMode(TorchDispatchMode):
             return id(t) not in self.pinned and self.nodes[hit[0]][3][hit[1]] is not None
         if t.dtype not in DTYPES or t.device.type not in ("cpu", "tpu") or not t.is_contiguous():
             return False
-        return not (self.pending_storages and _storage(t) in self.pending_storages)
+        return not (self.pending_storages and self._pending_storage(t))
 
     def _retire(self, t: torch.Tensor) -> None:
         """`t` is about to stand for a new node's output: its old value is no program output any
@@ -586,7 +593,7 @@ class FusedMode(TorchDispatchMode):
         # Inputs that alias a pending placeholder without being one (views of it): materialise.
         if self.pending_storages:
             for t in tensors:
-                if self._ref_of(t) is None and _storage(t) in self.pending_storages:
+                if self._ref_of(t) is None and self._pending_storage(t):
                     self.flush(f"{key} on a view of a pending tensor")
                     break
         types = self._output_types(func, args, kwargs)
@@ -637,7 +644,7 @@ class FusedMode(TorchDispatchMode):
             if not alias:
                 s = _storage(o)
                 if s:
-                    self.pending_storages.add(s)
+                    self.pending_storages[s] = w
         node = (func, rargs, rkwargs, refs, short, alias)
         self.nodes.append(node)
         if self.keyable:
