@@ -5,7 +5,8 @@ blocks of the caching allocator, lent to the program as extra donated parameters
 fresh PJRT buffers (fresh large buffers fault in new pages on every call). Checked where it
 shows: the dispatcher counts each output written into pool memory, a freed output's block holds
 the next call's output (same data pointer), the "tpu" device's memory statistics count it, and
-values match PyTorch's.
+values match PyTorch's. Graph programs (fused mode's traces, compiled graphs) do the same with
+their outputs.
 """
 
 import pytest
@@ -92,3 +93,29 @@ def test_device_kernel_outputs_are_pool_memory_and_counted_once():
     with no_fallbacks():
         h = F.gelu(x)
     assert h.data_ptr() == ptr, "the freed output's block is reused"
+
+
+def test_graph_program_outputs_are_written_into_reused_pool_blocks():
+    from tpu_kernels.torch import report
+
+    x = torch.randn(512, 256)
+    before = report().graphs
+    with no_fallbacks(programs=2):
+        with substitute("fused"):
+            y = F.silu(x) * 2 + 1
+        ptr = y.data_ptr()
+        want = F.silu(x) * 2 + 1
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-6)
+        del y
+        with substitute("fused"):
+            z = F.silu(x) * 2 + 1
+    after = report().graphs
+    assert after["outputs_pooled"] - before["outputs_pooled"] == 2
+    assert after["outputs_pool_missed"] == before["outputs_pool_missed"]
+    assert z.data_ptr() == ptr, "the freed output's block holds the next run's output"
+    torch.testing.assert_close(z, want, rtol=1e-5, atol=1e-6)
+    small = torch.randn(8, 8)
+    with substitute("fused"):
+        w = F.silu(small) * 2
+    assert report().graphs["outputs_pooled"] == after["outputs_pooled"]  # 256 bytes: fresh
+    torch.testing.assert_close(w, F.silu(small) * 2, rtol=1e-5, atol=1e-6)
