@@ -293,7 +293,6 @@ class FusedMode(TorchDispatchMode):
         self.supported = frozenset(native().supported_ops())
         self.recordable: dict[object, bool] = {}
         self.functional: dict[object, object] = {}
-        self.random: dict[object, bool] = {}
         self.infos: dict[object, tuple] = {}
         self._reset()
         self._saved: dict[str, object] = {}
@@ -359,14 +358,6 @@ class FusedMode(TorchDispatchMode):
                 and len(schema.returns) > 0
             )
             self.recordable[func] = r
-        return r
-
-    def _is_random(self, func) -> bool:
-        """Whether `func` draws from a generator: it keeps its place among recorded ops."""
-        r = self.random.get(func)
-        if r is None:
-            r = any("Generator" in str(a.type) for a in func._schema.arguments)
-            self.random[func] = r
         return r
 
     def _ref_of(self, t: torch.Tensor):
@@ -530,14 +521,16 @@ class FusedMode(TorchDispatchMode):
     def _needs_flush(self, func, tensors) -> bool:
         """Whether an op run in PyTorch must wait for the trace: it reads or writes a pending
         value, writes memory a recorded op reads, or draws random numbers."""
-        if self._touches_pending(tensors) or self._is_random(func):
+        # An op that draws from a generator keeps its place among recorded ops.
+        if self._touches_pending(tensors) or self._info(func)[4]:
             return True
         if func._schema.is_mutable and self.input_storages:
             return any(_storage(t) in self.input_storages for t in tensors)
         return False
 
     def _info(self, func) -> tuple:
-        """(op key, mutable, recordable, returns an alias) of `func`, read from its schema once."""
+        """(op key, mutable, recordable, returns an alias, draws from a generator) of `func`, read
+        from its schema once."""
         info = self.infos.get(func)
         if info is None:
             schema = func._schema
@@ -546,6 +539,7 @@ class FusedMode(TorchDispatchMode):
                 schema.is_mutable,
                 self._is_recordable(func),
                 any(r.alias_info is not None for r in schema.returns),
+                any("Generator" in str(a.type) for a in schema.arguments),
             )
             self.infos[func] = info
         return info
@@ -553,7 +547,7 @@ class FusedMode(TorchDispatchMode):
     def _dispatch(self, func, args, kwargs):
         tensors = _tensors((args, kwargs), []) if kwargs else _tensors(args, [])
         device = _one_device(tensors)
-        key, mutable, recordable, returns_alias = self._info(func)
+        key, mutable, recordable, returns_alias, _random = self._info(func)
         pending = self.produced and any(self._ref_of(t) is not None for t in tensors)
         # Bookkeeping on zero-dim tensors that hold their values (an optimizer's step count)
         # runs at once: recording it would end the trace at the `.item()` that follows.

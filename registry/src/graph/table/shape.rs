@@ -187,16 +187,17 @@ pub(super) fn select<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(cx.b.reshape(s, Shape::of(&out))?)
 }
 
+/// The `tensors` list of `cat`-like op `op`, which takes no `None` entries.
+fn tensors_arg<'b>(cx: &Cx<'_, 'b>, op: &str) -> R<Vec<Tensor<'b>>> {
+    cx.tensor_list(0, "tensors")?
+        .into_iter()
+        .map(|t| t.map_or_else(|| bad(format!("{op} takes no `None` entries")), Ok))
+        .collect()
+}
+
 /// `cat(tensors, dim=0)`, promoting to the common type; legacy empty 1-D tensors are skipped.
 pub(super) fn cat<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
-    let list = cx.tensor_list(0, "tensors")?;
-    let mut ts = Vec::with_capacity(list.len());
-    for t in list {
-        match t {
-            Some(t) => ts.push(t),
-            None => return bad("cat takes no `None` entries"),
-        }
-    }
+    let ts = tensors_arg(cx, "cat")?;
     let operands: Vec<Operand<'b>> = ts.iter().map(|t| Operand::T(*t)).collect();
     let dt = result_type(&operands);
     let kept: Vec<Tensor<'b>> = ts
@@ -344,14 +345,7 @@ pub(super) fn select_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 
 /// `stack(tensors, dim=0)`: each tensor with a new dimension `dim`, concatenated along it.
 pub(super) fn stack<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
-    let list = cx.tensor_list(0, "tensors")?;
-    let mut ts = Vec::with_capacity(list.len());
-    for t in list {
-        match t {
-            Some(t) => ts.push(t),
-            None => return bad("stack takes no `None` entries"),
-        }
-    }
+    let ts = tensors_arg(cx, "stack")?;
     let Some(first) = ts.first() else {
         return bad("stack of no tensors");
     };
