@@ -184,7 +184,7 @@ pub fn compile_tpu<'py>(
 /// `inputs` (objects with `__dlpack__`; with `types`, `"bf16[8,128], ..."`, each input's bytes
 /// are read as that type, for element types the producer cannot export, like numpy's
 /// bfloat16 viewed as uint16); returns the outputs and the timings
-/// `{"compile_s", "run_s", "cache": "compiled" | "memory" | "disk"}`.
+/// `{"compile_s", "run_s", "cache": "compiled" | "memoryhit" | "diskhit"}`.
 #[pyfunction]
 #[pyo3(signature = (text, inputs, types = None))]
 pub fn run_module_cpu<'py>(

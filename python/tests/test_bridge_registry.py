@@ -103,3 +103,32 @@ def test_checks_emit_compile_run(cleanup):
         tk._native.compile_tpu("func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
                                "  %0 = stablehlo.custom_call @no_such_target(%a) : (tensor<4xf32>) -> tensor<4xf32>\n"
                                "  return %0 : tensor<4xf32>\n}\n")
+
+
+def test_compile_cache_keys_see_the_compilers_flags(tmp_path):
+    """A program compiled under other `XLA_FLAGS` is compiled again, not loaded from disk (a flag
+    can change the code XLA emits); the same flags find the entry again."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np, tpu_kernels._native as n\n"
+        "t = 'func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\\n"
+        "  %0 = stablehlo.multiply %a, %a : tensor<4xf32>\\n  return %0 : tensor<4xf32>\\n}\\n'\n"
+        "print(n.run_module_cpu(t, [np.arange(4, dtype=np.float32)])[1]['cache'])\n"
+    )
+
+    def cache_of(flags: str | None) -> str:
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+        env["TPUK_CACHE"] = str(tmp_path)
+        if flags is not None:
+            env["XLA_FLAGS"] = flags
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()[-1]
+
+    assert cache_of(None) == "compiled"
+    assert cache_of("--xla_cpu_enable_fast_math=false") == "compiled"
+    assert cache_of(None) == "diskhit"
+    assert cache_of("--xla_cpu_enable_fast_math=false") == "diskhit"
+    assert cache_of("") == "compiled"  # set but empty is told apart from unset

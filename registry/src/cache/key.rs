@@ -12,7 +12,7 @@ use crate::pjrt::{AttributeValue, Client, CompileOptions, Plugin, Program};
 
 /// The version of the key recipe. Bump it whenever what goes into a key, or how, changes: every
 /// old entry then simply stops being found.
-pub const KEY_VERSION: u32 = 1;
+pub const KEY_VERSION: u32 = 2;
 
 /// How many bytes of the plugin file, at its start and at its end, go into its identity.
 const PLUGIN_SAMPLE: u64 = 1 << 20;
@@ -28,7 +28,11 @@ const PLUGIN_SAMPLE: u64 = 1 << 20;
 ///    ([`CompileOptions::to_proto`], deterministic);
 /// 4. the plugin's identity (see [`CacheKey::compute`]);
 /// 5. the client's platform name and version and its devices (id, kind), since an executable is
-///    built for a device set.
+///    built for a device set;
+/// 6. the compilers' flag variables as this process read them ([`COMPILER_FLAG_VARS`]: XLA's
+///    `XLA_FLAGS`, libtpu's `LIBTPU_INIT_ARGS`), since a flag can change the code XLA emits (its
+///    fusion passes, fast math, the runtime): a program compiled under other flags is compiled
+///    again, not loaded.
 ///
 /// Every field is tagged and length-prefixed, so no two different inputs share an encoding.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -69,6 +73,7 @@ impl CacheKey {
             field(&mut h, b"device_id", &d.id().to_le_bytes());
             field(&mut h, b"device_kind", d.kind().as_bytes());
         }
+        field(&mut h, b"compiler_flags", compiler_flags());
         CacheKey(*h.finalize().as_bytes())
     }
 
@@ -102,6 +107,36 @@ impl CacheKey {
         }
         Some(CacheKey(out))
     }
+}
+
+/// The environment variables whose values change what the plugins compile. XLA and libtpu read
+/// them once, when a plugin first parses its flags.
+pub const COMPILER_FLAG_VARS: [&str; 2] = ["XLA_FLAGS", "LIBTPU_INIT_ARGS"];
+
+/// [`COMPILER_FLAG_VARS`]' values, read once per process as the plugins read them (the first key
+/// is computed before the first compile, so later changes to the environment, which the plugins
+/// do not see either, do not change keys).
+fn compiler_flags() -> &'static [u8] {
+    static FLAGS: OnceLock<Vec<u8>> = OnceLock::new();
+    FLAGS.get_or_init(|| flags_bytes(COMPILER_FLAG_VARS.map(|v| std::env::var_os(v))))
+}
+
+/// Each variable's state tagged (absent, or its bytes length-prefixed): an unset variable and
+/// an empty one are told apart.
+fn flags_bytes(values: [Option<std::ffi::OsString>; 2]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for v in values {
+        match v {
+            None => out.push(0),
+            Some(v) => {
+                let b = v.as_encoded_bytes();
+                out.push(1);
+                out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+                out.extend_from_slice(b);
+            }
+        }
+    }
+    out
 }
 
 /// Writes one tagged, length-prefixed field.
@@ -197,6 +232,18 @@ fn sample_file(path: &Path) -> std::io::Result<(u64, blake3::Hash)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compiler_flags_are_told_apart() {
+        let unset = flags_bytes([None, None]);
+        let empty = flags_bytes([Some("".into()), None]);
+        let dump = flags_bytes([Some("--xla_dump_to=/tmp/d".into()), None]);
+        let other = flags_bytes([None, Some("--xla_dump_to=/tmp/d".into())]);
+        assert_ne!(unset, empty);
+        assert_ne!(empty, dump);
+        assert_ne!(dump, other);
+        assert_eq!(dump, flags_bytes([Some("--xla_dump_to=/tmp/d".into()), None]));
+    }
 
     #[test]
     fn hex_round_trip() {
