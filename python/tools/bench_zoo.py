@@ -93,9 +93,33 @@ def _graph_counters() -> tuple[float, float, int]:
     return float(r.graphs.get("run_time_s", 0.0)), float(r.compiled["call_time_s"]), int(r.compiled["calls"])
 
 
+def _rss() -> tuple[int, int]:
+    """(resident bytes now, their high-water mark) of this process, from /proc/self/status."""
+    got = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                got[key] = int(value.split()[0]) * 1024
+    return got["VmRSS"], got["VmHWM"]
+
+
+def _reset_peak_rss() -> bool:
+    """Resets the high-water mark to the resident size now (Linux's clear_refs "5")."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def measure(spec, path: str, warmup: int, steps: int) -> dict[str, float]:
     step = _step_fn(spec, path)
-    if path in DEVICE_MODES:
+    on_device = path in DEVICE_MODES
+    if on_device:
+        import torch
+
         import tpu_kernels.device as device
 
         device.set_mode(DEVICE_MODES[path])
@@ -103,6 +127,13 @@ def measure(spec, path: str, warmup: int, steps: int) -> dict[str, float]:
     try:
         for _ in range(warmup):
             step()
+        # Memory over the timed steps, above where they start: the process's peak RSS, and on the
+        # device the peak of the device's allocated bytes (every tensor's memory, kernel outputs
+        # and fallback results alike).
+        rss0 = _rss()[0] if _reset_peak_rss() else None
+        if on_device:
+            device0 = torch.tpu.memory_allocated()
+            torch.tpu.reset_peak_memory_stats()
         for _ in range(steps):
             p0, c0, n0 = _graph_counters()
             t0 = time.perf_counter()
@@ -112,11 +143,14 @@ def measure(spec, path: str, warmup: int, steps: int) -> dict[str, float]:
             rows.append(
                 {"step": elapsed, "program": p1 - p0, "backend": c1 - c0, "calls": n1 - n0, "optimizer": optimizer}
             )
+        peaks = {"peak_rss": None if rss0 is None else _rss()[1] - rss0}
+        if on_device:
+            peaks["peak_device"] = torch.tpu.max_memory_allocated() - device0
     finally:
-        if path in DEVICE_MODES:
+        if on_device:
             device.set_mode("strict")
     times = [r["step"] for r in rows]
-    return rows[times.index(statistics.median_low(times))]
+    return {**rows[times.index(statistics.median_low(times))], **peaks}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,6 +258,34 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'n/a' if speedup == 'n/a' else ('met' if float(speedup) >= 1.5 else 'missed')} | {ms(comp)} | "
                   f"{versus} | {'n/a' if versus == 'n/a' else ('met' if float(versus) <= 1.25 else 'missed')} |")
         print()
+    print("## Zoo: memory over the timed steps (MiB above where they start)")
+    print()
+    print("Peak resident memory of the process over the timed steps less its resident memory before them "
+          "(`VmHWM` after resetting it, Linux), and on the device the peak of `torch.tpu.max_memory_allocated()` "
+          "less the allocated bytes before them. Target: a fused step keeps no more live memory than strict.")
+    print()
+
+    def mib(v, key: str) -> str:
+        if not isinstance(v, dict):
+            return "n/a"
+        return "n/a" if v.get(key) is None else f"{v[key] / 2**20:.1f}"
+
+    def within(a, b, key: str) -> str:
+        if not (isinstance(a, dict) and isinstance(b, dict)) or a.get(key) is None or b.get(key) is None:
+            return "n/a"
+        # 1 MiB of slack: RSS moves by pages the allocator and Python touch, whatever the path.
+        return "met" if a[key] <= b[key] + 2**20 else "missed"
+
+    print("| model | eager RSS | strict RSS | fused RSS | fused <= strict | tpu strict RSS | tpu fused RSS "
+          "| tpu strict device | tpu fused device | tpu fused <= strict (device) |")
+    print("|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
+    for name, _, got in rows:
+        print(f"| {name} | {mib(got['eager'], 'peak_rss')} | {mib(got['strict'], 'peak_rss')} | "
+              f"{mib(got['fused'], 'peak_rss')} | {within(got['fused'], got['strict'], 'peak_rss')} | "
+              f"{mib(got['tpu'], 'peak_rss')} | {mib(got['tpu-fused'], 'peak_rss')} | "
+              f"{mib(got['tpu'], 'peak_device')} | {mib(got['tpu-fused'], 'peak_device')} | "
+              f"{within(got['tpu-fused'], got['tpu'], 'peak_device')} |")
+    print()
     print(f"Run time {time.perf_counter() - start:.0f} s.")
     return 0
 
