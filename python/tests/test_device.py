@@ -444,6 +444,36 @@ def test_debug_mode_checks_every_op_on_the_device(device_mode):
         assert y.shape == (4, 8)
 
 
+def test_fused_mode_on_the_device_stays_one_program(device_mode):
+    """What PyTorch lets CPU tensors do beside device tensors (index tensors of `index`, zero-dim
+    scalars), SDPA's question which fused attention the device takes (metadata only) and
+    `fill_` / `zero_` on pending values all stay in the trace: one program."""
+    from tpu_kernels.torch import report
+
+    q = torch.randn(2, 4, 8, 16)
+    rows, scale = torch.tensor([0, 15, 3]), torch.tensor(0.5)
+
+    def f(q):
+        y = torch.nn.functional.scaled_dot_product_attention(q * 2.0, q, q, is_causal=True)
+        z = y.reshape(16, 64)[rows] * scale
+        w = torch.empty_like(z).fill_(2.0) + z
+        return w, torch.zeros_like(w).fill_(3.0), z.clone().zero_()
+
+    ref = f(q)
+    qt = q.to("tpu")
+    before = report().fused["reasons"]
+    with no_fallbacks(programs=1):
+        device_mode("fused")
+        got = f(qt)
+        torch.tpu.synchronize()
+    device_mode("strict")
+    sync = "torch.tpu.synchronize"
+    assert report().fused["reasons"] == {**before, sync: before.get(sync, 0) + 1}, report().fused["reasons"]
+    for g, r in zip(got, ref):
+        assert g.device.type == "tpu"
+        torch.testing.assert_close(g.cpu(), r)
+
+
 def test_fused_mode_on_the_device(device_mode):
     x = torch.randn(64, 64)
     ref = _chain(x)

@@ -345,6 +345,13 @@ CASES = {
         lambda x: (a.new_zeros(x, [2, 3]), a.new_ones(x, [4], dtype=torch.int64), a.new_zeros(x, [0, 2])),
         [randn(3, 5)],
     ),
+    "fill_zero": (
+        lambda x, i, v: (
+            a.fill.Scalar(x, -2.5), a.fill.Tensor(x, v), a.fill.Scalar(i, 7), a.fill.Scalar(i, 2.9), a.zero(x),
+            a.zero(i),
+        ),
+        [randn(3, 5), randint(-9, 9, 3, 5), randn(())],
+    ),
     "floor_divide": (
         lambda x, y, i, j: (a.floor_divide(x, y), a.floor_divide(i, j), a.floor_divide.Scalar(x, 0.7)),
         [randn(3, 5), randn(3, 5) + 3, randint(-9, 9, 3, 5), randint(1, 4, 3, 5) * torch.tensor([1, -1, 1, -1, 1])],

@@ -23,7 +23,8 @@ such as `.item()` / `_local_scalar_dense` of a pending tensor, Python control fl
 values, ops without a lowering on them), an op that draws random numbers, `.cpu()`, `.numpy()`,
 `.tolist()`, `repr`, `data_ptr`, `tpu_kernels.torch.sync()` / `torch.tpu.synchronize()`, and
 leaving the mode. An op that touches no pending value (bookkeeping on zero-dim tensors such as
-an optimizer's step count, a profiler range) runs at once without ending the trace.
+an optimizer's step count, a profiler range) runs at once without ending the trace, and so does
+an op that reads only metadata (`_fused_sdp_choice`: placeholders have the right shapes).
 
 In-place ops (`y.add_(eps)` inside `F.rms_norm`, `x += r`, an optimizer's `param.addcdiv_`) are
 recorded as their functional op, as functionalization does: the tensor then stands for the
@@ -546,8 +547,10 @@ class FusedMode(TorchDispatchMode):
 
     def _dispatch(self, func, args, kwargs):
         tensors = _tensors((args, kwargs), []) if kwargs else _tensors(args, [])
-        device = _one_device(tensors)
         key, mutable, recordable, returns_alias, _random = self._info(func)
+        device = _one_device(tensors, key)
+        if key in _METADATA_ONLY:
+            return _run(func, args, kwargs)
         pending = self.produced and any(self._ref_of(t) is not None for t in tensors)
         # Bookkeeping on zero-dim tensors that hold their values (an optimizer's step count)
         # runs at once: recording it would end the trace at the `.item()` that follows.
@@ -934,6 +937,16 @@ _DTYPE_OF = {v: k for k, v in DTYPES.items()}
 _MUTATING = {
     "aten::native_batch_norm.default": ("aten::_native_batch_norm_legit_functional.default", {3: 3, 4: 4}, 3),
 }
+# Ops that read only their tensors' metadata (shapes, dtypes, devices), never their values: they
+# run at once on placeholders, which carry the right metadata, and end no trace (SDPA asks the
+# device which fused attention it takes before every attention).
+_METADATA_ONLY = frozenset(
+    {
+        "aten::_fused_sdp_choice.default",
+        "aten::is_same_size.default",
+        "aten::_has_compatible_shallow_copy_type.default",
+    }
+)
 # Result types a float argument is lifted for (its zero-dim input takes that type, which is the
 # type the lowering rounds a constant to).
 _LIFTABLE_DTYPES = frozenset({"f32", "f64", "bf16", "f16"})
@@ -954,16 +967,24 @@ def _run(func, args, kwargs):
         raise _UserError(e) from e
 
 
-def _one_device(tensors) -> str | None:
+# Ops whose CPU index tensors may meet tpu tensors (as the device's fallback allows them).
+_CPU_INDICES = frozenset({"aten::index.Tensor", "aten::index_put.default", "aten::_index_put_impl.default"})
+
+
+def _one_device(tensors, key: str) -> str | None:
     """The device a recorded op's tensors share, when programs can read it in place: "cpu", or
-    "tpu" (the tpu device's memory is host memory); None otherwise (mixed, meta, ...)."""
+    "tpu" (the tpu device's memory is host memory), which CPU tensors may join where PyTorch lets
+    them (zero-dim ones, as scalars; index tensors of the index ops); None otherwise (mixed,
+    meta, ...)."""
     if all(t.is_cpu for t in tensors):
         return "cpu"
     devices = {t.device.type for t in tensors}
-    if not devices:
-        return "cpu"
     if len(devices) == 1 and devices <= {"cpu", "tpu"}:
         return devices.pop()
+    if devices == {"cpu", "tpu"}:
+        indices = key in _CPU_INDICES
+        if all(t.dim() == 0 or (indices and not t.is_floating_point()) for t in tensors if t.is_cpu):
+            return "tpu"
     return None
 
 

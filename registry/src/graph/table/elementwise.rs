@@ -599,6 +599,17 @@ pub(super) fn ones_like<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     like(cx, Scalar::Int(1))
 }
 
+/// `fill.Scalar(self, value)` and `fill.Tensor` (a zero-dim tensor value): `self`'s type with
+/// every element `value`, converted to `self`'s dtype (the functional form of `fill_`).
+pub(super) fn fill<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let value = materialize(cx.b, cx.operand(1, "value")?, x.dtype())?;
+    if value.shape().rank() != 0 {
+        return bad(format!("fill takes a zero-dim value, got {}", value.ty()));
+    }
+    one(broadcast_all(cx.b, &[value, x])?[0])
+}
+
 pub(super) fn scalar_tensor<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let value = cx.scalar(0, "s")?;
     let dt = cx.opt_dtype(usize::MAX, "dtype")?.unwrap_or(DType::F32);
