@@ -46,6 +46,7 @@ _NO_TRACES = {
     "last_eviction": "",
     "lifted": [],
     "kept_constant": [],
+    "output_type_runs": 0,
 }
 
 # Why something ran in PyTorch instead of a kernel or a program, in two classes.
@@ -224,7 +225,8 @@ class Report:
             tc = f["trace_cache"]
             why = ", ".join(f"{k}={v}" for k, v in sorted(tc["miss_reasons"].items()))
             lines.append(
-                f"  trace cache: {tc['hits']} hits, {tc['misses']} misses ({why or '-'}), {tc['entries']} programs kept"
+                f"  trace cache: {tc['hits']} hits, {tc['misses']} misses ({why or '-'}), {tc['entries']} programs kept, "
+                f"{tc['output_type_runs']} meta-kernel runs for output types"
                 + (f"; last miss: {tc['last_miss'][:160]}" if tc["last_miss"] else "")
             )
             if tc["lifted"]:

@@ -133,6 +133,14 @@ def _meta(x):
     return x
 
 
+_LIFTED_KEY = "lifted float"
+
+
+def _lifted_at(op: str, pos, x) -> bool:
+    """Whether `x`, at argument `pos` of `op`, is a float the trace lifts into a program input."""
+    return isinstance(x, float) and (op, pos) in TRACES.lifted and (op, pos) not in TRACES.not_liftable
+
+
 class _Unkeyable(Exception):
     """An argument the trace key cannot describe: the trace is not cached."""
 
@@ -195,6 +203,8 @@ class _TraceCache:
         self.not_liftable: set[tuple[str, object]] = set()
         # Output types by (op, argument types and statics): recording needs no meta kernel.
         self.metas: dict[tuple, tuple] = {}
+        # How often recording ran an op's meta kernel (a miss of `metas`).
+        self.meta_runs = 0
 
     def clear(self) -> None:
         with self.lock:
@@ -215,6 +225,7 @@ class _TraceCache:
                 "last_eviction": self.last_eviction,
                 "lifted": sorted(f"{op}:{arg}" for op, arg in self.lifted - self.not_liftable),
                 "kept_constant": sorted(f"{op}:{arg}" for op, arg in self.not_liftable),
+                "output_type_runs": self.meta_runs,
             }
 
 
@@ -487,13 +498,23 @@ class FusedMode(TorchDispatchMode):
         on these arguments, from the meta kernel once per argument types and statics; None
         when the meta kernel fails or an output is not a tensor of a dtype programs take."""
         try:
-            key = (func, _meta_key(args), _meta_key(tuple(sorted(kwargs.items()))) if kwargs else ())
+            kargs, kkwargs = args, kwargs
+            if TRACES.lifted:
+                kop = op_key(func)
+                if kop in TRACES.lifted_ops:
+                    # A lifted float is a program input: the types the program computes cannot
+                    # depend on its value, so neither does this key (an optimizer's changing
+                    # bias corrections would otherwise run the meta kernel on every step).
+                    kargs = tuple(_LIFTED_KEY if _lifted_at(kop, i, a) else a for i, a in enumerate(args))
+                    kkwargs = {k: _LIFTED_KEY if _lifted_at(kop, k, v) else v for k, v in kwargs.items()}
+            key = (func, _meta_key(kargs), _meta_key(tuple(sorted(kkwargs.items()))) if kkwargs else ())
         except _Unkeyable:
             key = None
         if key is not None:
             hit = TRACES.metas.get(key)
             if hit is not None:
                 return hit
+        TRACES.meta_runs += 1
         meta_kwargs = _map(kwargs, _meta)
         if "device" in meta_kwargs:
             meta_kwargs["device"] = "meta"
@@ -551,7 +572,9 @@ class FusedMode(TorchDispatchMode):
         device = _one_device(tensors, key)
         if key in _METADATA_ONLY:
             return _run(func, args, kwargs)
-        pending = self.produced and any(self._ref_of(t) is not None for t in tensors)
+        # The recorded value each tensor is (None: not one), looked up once for the whole call.
+        refs = [self._ref_of(t) for t in tensors] if self.produced else None
+        pending = refs is not None and any(r is not None for r in refs)
         # Bookkeeping on zero-dim tensors that hold their values (an optimizer's step count)
         # runs at once: recording it would end the trace at the `.item()` that follows.
         scalars_only = (
@@ -589,9 +612,10 @@ class FusedMode(TorchDispatchMode):
                 return _run(func, args, kwargs)
         # Inputs that alias a pending placeholder without being one (views of it): materialise.
         if self.pending_storages:
-            for t in tensors:
-                if self._ref_of(t) is None and self._pending_storage(t):
+            for i, t in enumerate(tensors):
+                if (refs is None or refs[i] is None) and self._pending_storage(t):
                     self.flush(f"{key} on a view of a pending tensor")
+                    refs = None  # the flush ended the trace: nothing is recorded any more
                     break
         types = self._output_types(func, args, kwargs)
         if types is None:
@@ -604,15 +628,19 @@ class FusedMode(TorchDispatchMode):
             torch.empty(shape, dtype=dtype, device=device) if here else None
             for (shape, dtype), here in zip(types[0], types[3])
         ]
-        self._record(func, args, kwargs, outs, alias=False, short=types[1])
+        known = {id(t): r for t, r in zip(tensors, refs) if r is not None} if refs is not None else None
+        self._record(func, args, kwargs, outs, alias=False, short=types[1], known=known)
         return outs[0] if types[2] else tuple(outs)
 
-    def _record(self, func, args, kwargs, outs, alias: bool, short) -> None:
+    def _record(self, func, args, kwargs, outs, alias: bool, short, known=None) -> None:
+        """Records `func` with outputs `outs`; `known` maps the ids of the call's tensors that
+        are recorded values to their refs, when the caller looked them up already (any other
+        tensor of the call is then no recorded value)."""
         index = len(self.nodes)
 
         def to_ref(x):
             if isinstance(x, torch.Tensor):
-                r = self._ref_of(x)
+                r = self._ref_of(x) if known is None else known.get(id(x))
                 if r is not None:
                     return r
                 k = self.input_ids.get(id(x))
