@@ -260,6 +260,10 @@ CASES = {
     "any_dim": (lambda x: a.any.dim(x, 1), [randn(3, 4) > 1.0]),
     "any_dims_keepdim": (lambda x: a.any.dims(x, [0, 2], True), [randint(0, 2, 2, 3, 4)]),
     "any_all_float": (lambda x: a.any(x), [torch.tensor([[0.0, 0.0], [0.0, -2.0]])]),
+    "all_dim_dims_default": (
+        lambda x, i, f: (a.all.dim(x, 1), a.all.dims(i, [0, 2], True), a.all(f), a.all(f != 0.5)),
+        [randn(3, 4) > -1.0, randint(0, 2, 2, 3, 4), torch.tensor([[1.0, 3.0], [0.5, -2.0]])],
+    ),
     "select_negative": (lambda x: a.select.int(x, 1, -1), [randn(2, 3, 4)]),
     "transpose_t": (lambda x, y: (a.transpose.int(x, 0, 2), a.t(y)), [randn(2, 3, 4), randn(3, 5)]),
     "expand_new_dims": (lambda x: a.expand(x, [2, -1, 4]), [randn(3, 1)]),

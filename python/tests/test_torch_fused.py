@@ -313,6 +313,26 @@ def test_bookkeeping_that_touches_no_pending_value_keeps_the_trace():
     torch.testing.assert_close(y, F.silu(x) * 1 + 1)
 
 
+def test_a_scalar_of_values_with_memory_runs_at_once():
+    """`mask.max()` of a tensor that holds its memory is computed at once (Python reads it next),
+    so the read ends no trace; the same of a pending value is recorded and its read
+    materialises."""
+    x, mask = torch.randn(8, 8), torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    before = report().fused["flushes"]
+    with substitute("fused"):
+        y = F.silu(x)
+        if mask.max() > 0.5:  # `mask` holds its memory: no materialisation
+            y = y + 1
+    assert report().fused["flushes"] == before + 1
+    torch.testing.assert_close(y, F.silu(x) + 1)
+    with substitute("fused"):
+        y = F.silu(x)
+        if (mask * 2).max() > 0.5:  # a pending value: its read materialises
+            y = y + 1
+    assert report().fused["flushes"] == before + 3
+    torch.testing.assert_close(y, F.silu(x) + 1)
+
+
 def test_sync_runs_the_trace():
     x = torch.randn(8, 8)
     before = report().fused

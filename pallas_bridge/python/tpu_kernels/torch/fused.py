@@ -24,7 +24,9 @@ values, ops without a lowering on them), an op that draws random numbers, `.cpu(
 `.tolist()`, `repr`, `data_ptr`, `tpu_kernels.torch.sync()` / `torch.tpu.synchronize()`, and
 leaving the mode. An op that touches no pending value (bookkeeping on zero-dim tensors such as
 an optimizer's step count, a profiler range) runs at once without ending the trace, and so does
-an op that reads only metadata (`_fused_sdp_choice`: placeholders have the right shapes).
+an op that reads only metadata (`_fused_sdp_choice`: placeholders have the right shapes), and
+an op with zero-dim results of values that hold their memory (`attention_mask.all()`, whose
+`.item()` follows).
 
 In-place ops (`y.add_(eps)` inside `F.rms_norm`, `x += r`, an optimizer's `param.addcdiv_`) are
 recorded as their functional op, as functionalization does: the tensor then stands for the
@@ -621,6 +623,16 @@ class FusedMode(TorchDispatchMode):
         if types is None:
             if self.nodes:
                 self.flush(key)
+            return _run(func, args, kwargs)
+        if (
+            tensors
+            and all(not shape for shape, _ in types[0])
+            and not (refs and any(r is not None for r in refs))
+            and not self._touches_pending(tensors)
+        ):
+            # A scalar computed from values that hold their memory (`attention_mask.all()`)
+            # is mostly read at once by Python control flow: run it now, and the read that
+            # follows ends no trace.
             return _run(func, args, kwargs)
         if not tensors and isinstance(kwargs.get("device"), (str, torch.device)):
             device = torch.device(kwargs["device"]).type  # a factory op: where it was asked for

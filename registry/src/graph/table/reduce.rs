@@ -256,6 +256,16 @@ pub(super) fn var<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 
 /// `any(self, dim, keepdim=False)` (and `any.dims`, `any()`): whether an element is nonzero.
 pub(super) fn any<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    truth_reduce(cx, BinaryOp::Or, false)
+}
+
+pub(super) fn all<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    truth_reduce(cx, BinaryOp::And, true)
+}
+
+/// `any` / `all` (`.default`, `.dim`, `.dims`): whether some / every element along the dims
+/// (all of them by default) is non-zero, as a bool tensor.
+fn truth_reduce<'b>(cx: &Cx<'_, 'b>, op: BinaryOp, init: bool) -> Out<'b> {
     let x = cx.tensor(0, "self")?;
     let dims = match cx.get(1, "dim") {
         None => (0..x.rank()).collect(),
@@ -271,7 +281,7 @@ pub(super) fn any<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         let zero = splat(cx.b, x.ty(), Scalar::Int(0))?;
         cx.b.compare(Direction::Ne, x, zero)?
     };
-    one(reduce(cx.b, nonzero, BinaryOp::Or, Scalar::Bool(false), &dims, keepdim)?)
+    one(reduce(cx.b, nonzero, op, Scalar::Bool(init), &dims, keepdim)?)
 }
 
 /// `cumsum(self, dim, *, dtype=None)`: integers and bools sum to `i64`. A parallel prefix sum:
