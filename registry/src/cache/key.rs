@@ -118,7 +118,7 @@ pub const COMPILER_FLAG_VARS: [&str; 2] = ["XLA_FLAGS", "LIBTPU_INIT_ARGS"];
 /// do not see either, do not change keys).
 fn compiler_flags() -> &'static [u8] {
     static FLAGS: OnceLock<Vec<u8>> = OnceLock::new();
-    FLAGS.get_or_init(|| flags_bytes(COMPILER_FLAG_VARS.map(|v| std::env::var_os(v))))
+    FLAGS.get_or_init(|| flags_bytes(COMPILER_FLAG_VARS.map(std::env::var_os)))
 }
 
 /// Each variable's state tagged (absent, or its bytes length-prefixed): an unset variable and
