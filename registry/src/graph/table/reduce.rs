@@ -353,7 +353,12 @@ pub(super) fn group_norm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     )?;
     let eps = scalar_const(b, acc, Scalar::Float(eps))?;
     let rstd = b.unary(UnaryOp::Rsqrt, b.binary(BinaryOp::Add, var, eps)?)?;
-    let normed = b.binary(BinaryOp::Multiply, centered, b.broadcast_to(rstd, &grouped.shape())?)?;
+    // Scale and shift the input itself (`x * rstd - mean * rstd`), as `layer_norm` does: the
+    // centered input then feeds only the variance's reduction, and XLA:CPU folds it into that
+    // pass instead of materialising it.
+    let shift = b.binary(BinaryOp::Multiply, mean, rstd)?;
+    let scaled = b.binary(BinaryOp::Multiply, grouped, b.broadcast_to(rstd, &grouped.shape())?)?;
+    let normed = b.binary(BinaryOp::Subtract, scaled, b.broadcast_to(shift, &grouped.shape())?)?;
     let mut out = b.reshape(normed, x.shape())?;
     let full = out.ty();
     let per_channel = |t: Tensor<'b>| -> R<Tensor<'b>> {
