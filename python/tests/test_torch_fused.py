@@ -54,6 +54,22 @@ def test_programs_are_cached_by_trace():
     assert not torch.allclose(a, b)
 
 
+def test_a_transposed_input_is_read_in_place_and_keyed_by_its_layout():
+    """A transposed input crosses in its memory order (no copy) with a permute in the program;
+    the trace key tells it from a contiguous input of the same shape, so neither trace's program
+    serves the other."""
+    w, x = torch.randn(40, 40), torch.randn(40, 40)  # a shape no other test traces
+    before = report().fused["trace_cache"]
+    for t in (w, w.t(), w, w.t()):
+        with no_fallbacks(programs=1), substitute("fused"):
+            y = (x @ t).relu() + 1
+        torch.testing.assert_close(y, (x @ t).relu() + 1, rtol=1e-4, atol=1e-4)
+    after = report().fused["trace_cache"]
+    # Two traces, each compiled once and found once.
+    assert after["misses"] - before["misses"] == 2
+    assert after["hits"] - before["hits"] == 2
+
+
 @pytest.mark.parametrize("point", ["item", "numpy", "cpu", "print", "control_flow", "tolist"])
 def test_materialisation_points(point, capsys):
     x = torch.randn(8, 8)

@@ -267,7 +267,10 @@ def _diff(nodes, inputs, live, other) -> tuple[str, str, list]:
         what = f"input {k} is {inputs[k]} where it was {o_inputs[k]}" if k is not None else "another number of inputs"
         return "input_types", what, []
     if live != o_live:
-        return "live_outputs", f"{len(live)} live outputs where the closest earlier trace had {len(o_live)}", []
+        if len(live) != len(o_live):
+            return "live_outputs", f"{len(live)} live outputs where the closest earlier trace had {len(o_live)}", []
+        k = next(j for j, (x, y) in enumerate(zip(live, o_live)) if x != y)
+        return "live_outputs", f"live output {k} is (op, output, written into) {live[k]} where it was {o_live[k]}", []
     return "context", "the registry or the injected faults changed", []
 
 
@@ -316,12 +319,23 @@ class FusedMode(TorchDispatchMode):
         # Per node: (func, args, kwargs with _Ref/_Input/_Lifted, [weakref to output], output types).
         self.nodes: list[tuple] = []
         self.inputs: list[torch.Tensor] = []
-        self.input_ids: dict[int, int] = {}
+        # id -> (input index, the tensor), and (memory, geometry) -> input index.
+        self.input_ids: dict[int, tuple[int, torch.Tensor]] = {}
+        self.input_aliases: dict[tuple, int] = {}
         self.input_storages: set[int] = set()
         self.produced: dict[int, tuple[int, int, weakref.ref]] = {}
-        self.pinned: dict[int, torch.Tensor] = {}
-        # Storage address -> the pending tensor that owns it. A dead owner's address may have
-        # been reused by a new tensor (nothing alive views it: a viewed placeholder is pinned).
+        # Viewed recorded values, held weakly: id -> (weakref, root), the root being the
+        # (node, output) whose memory the view shares. Views of each root, weakly, and the root's
+        # geometry: a root nothing refers to but a view is still written at the flush (through
+        # the view's storage); one nothing refers to is not, so a trace keeps no more memory
+        # alive than the same ops in strict mode.
+        self.pinned: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
+        self.views: dict[tuple[int, int], list[weakref.ref]] = {}
+        self.view_roots: dict[int, tuple[weakref.ref, tuple[int, int]]] = {}
+        self.geometry: dict[tuple[int, int], tuple] = {}
+        self.orphans: set[int] = set()
+        # Storage address -> (the pending tensor that owns it, its root). A dead owner's address
+        # is pending while a view of it lives; with none, it may have been reused.
         self.pending_storages: dict[int, weakref.ref] = {}
         # Tensors that held memory before the trace and were written in place: the flush copies
         # their new value into that memory.
@@ -381,9 +395,31 @@ class FusedMode(TorchDispatchMode):
         return None
 
     def _pending_storage(self, t: torch.Tensor) -> bool:
-        """Whether `t`'s memory is that of a pending tensor still alive."""
-        w = self.pending_storages.get(_storage(t))
-        return w is not None and w() is not None
+        """Whether `t`'s memory is that of a pending tensor still alive, or of a dead one whose
+        view still is."""
+        hit = self.pending_storages.get(_storage(t))
+        return hit is not None and (hit[0]() is not None or self._live_view(hit[1]) is not None)
+
+    def _root(self, t: torch.Tensor) -> tuple[int, int] | None:
+        """The recorded (node, output) whose memory `t` is: its own, or its view's base's."""
+        hit = self.view_roots.get(id(t))
+        if hit is not None and hit[0]() is t:
+            return hit[1]
+        hit = self.produced.get(id(t))
+        if hit is not None and hit[2]() is t and not self.nodes[hit[0]][5]:
+            return (hit[0], hit[1])
+        return None
+
+    def _is_pinned(self, t: torch.Tensor) -> bool:
+        hit = self.pinned.get(id(t))
+        return hit is not None and hit[0]() is t
+
+    def _live_view(self, root: tuple[int, int]) -> torch.Tensor | None:
+        for w in self.views.get(root, ()):
+            v = w()
+            if v is not None:
+                return v
+        return None
 
     def _touches_pending(self, tensors) -> bool:
         """Whether any of `tensors` is a pending value or shares memory with one."""
@@ -460,7 +496,7 @@ class FusedMode(TorchDispatchMode):
         nothing views, or a dense tensor with memory of its own that no pending value aliases."""
         hit = self.produced.get(id(t))
         if hit is not None and hit[2]() is t:
-            return id(t) not in self.pinned and self.nodes[hit[0]][3][hit[1]] is not None
+            return not self._is_pinned(t) and self.nodes[hit[0]][3][hit[1]] is not None
         if t.dtype not in DTYPES or t.device.type not in ("cpu", "tpu") or not t.is_contiguous():
             return False
         return not (self.pending_storages and self._pending_storage(t))
@@ -595,9 +631,22 @@ class FusedMode(TorchDispatchMode):
                 # outputs; when the view op lowers, it is also recorded (as an alias that is
                 # never a program output itself) so later ops on the view keep fusing.
                 viewed = [t for t in tensors if self._ref_of(t) is not None]
+                root = None
                 for t in viewed:
-                    self.pinned[id(t)] = t
+                    r = self._root(t)
+                    if r is None:
+                        continue
+                    root = root or r
+                    self.pinned[id(t)] = (weakref.ref(t), r)
+                    if r not in self.geometry:  # `t` is the root itself: its first view
+                        self.geometry[r] = (tuple(t.shape), t.stride(), t.storage_offset())
                 out = _run(func, args, kwargs)
+                if root is not None:
+                    for o in [out] if isinstance(out, torch.Tensor) else out:
+                        if isinstance(o, torch.Tensor):
+                            w = weakref.ref(o)
+                            self.views.setdefault(root, []).append(w)
+                            self.view_roots[id(o)] = (w, root)
                 if viewed and key in self.supported:
                     outs = [out] if isinstance(out, torch.Tensor) else list(out)
                     if outs and all(isinstance(o, torch.Tensor) and o.dtype in DTYPES for o in outs):
@@ -655,13 +704,23 @@ class FusedMode(TorchDispatchMode):
                 r = self._ref_of(x) if known is None else known.get(id(x))
                 if r is not None:
                     return r
-                k = self.input_ids.get(id(x))
-                if k is None or self.inputs[k] is not x:
+                hit = self.input_ids.get(id(x))
+                if hit is not None and hit[1] is x:
+                    return _Input(hit[0])
+                # Another tensor over the same memory and geometry (autograd's saved parameter,
+                # a `detach()`) is the same input: one program input, whose memory an in-place
+                # update of either may then take (`_lending`).
+                storage = _storage(x)
+                same = (storage, x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device)
+                k = self.input_aliases.get(same) if storage else None
+                if k is None:
                     k = len(self.inputs)
                     self.inputs.append(x)
-                    self.input_ids[id(x)] = k
-                    self.input_storages.add(_storage(x))
-                    self.input_keys.append((x.dtype, tuple(x.shape), x.device.type))
+                    self.input_storages.add(storage)
+                    self.input_keys.append((x.dtype, tuple(x.shape), x.device.type, _dense_order(x)))
+                    if storage:
+                        self.input_aliases[same] = k
+                self.input_ids[id(x)] = (k, x)
                 return _Input(k)
             return x
 
@@ -681,7 +740,7 @@ class FusedMode(TorchDispatchMode):
             if not alias:
                 s = _storage(o)
                 if s:
-                    self.pending_storages[s] = w
+                    self.pending_storages[s] = (w, (index, i))
         node = (func, rargs, rkwargs, refs, short, alias)
         self.nodes.append(node)
         if self.keyable:
@@ -733,21 +792,74 @@ class FusedMode(TorchDispatchMode):
 
     # ----- materialising -----
 
-    def _graph(self, live: list[tuple[int, int, torch.Tensor]]) -> dict:
-        inputs = [{"name": f"in{k}", "type": _short(t)} for k, t in enumerate(self.inputs)]
+    def _lending(self, live) -> tuple:
+        """Where the program writes each live output, so that no output needs memory of its own
+        beside its tensor's (issue 17's memory target: a fused step keeps no more live memory
+        than strict): the index of the input it updates (a tensor with memory of its own written
+        in place, donated to its new value), -1 for its tensor's memory lent as an extra
+        parameter (a placeholder), None for a fresh buffer (a tensor the output cannot alias)."""
+        plan = []
+        for i, j, t in live:
+            try:
+                fits = t.is_contiguous() and _short(t) == self.nodes[i][4][j]
+            except Unencodable:
+                fits = False
+            if not fits:
+                plan.append(None)
+            elif id(t) in self.write_back:
+                hit = self.input_ids.get(id(t))
+                plan.append(hit[0] if hit is not None and hit[1] is t else -1)
+            else:
+                plan.append(-1)
+        return tuple(plan)
+
+    def _donations(self, live, plan) -> list[tuple[int, int]]:
+        """`(program input, output)` pairs of `plan`: the lent parameters follow the inputs and
+        lifted floats, in the order of their outputs."""
+        first = len(self.inputs) + len(self.lifted)
+        pairs, lent = [], 0
+        for out, k in enumerate(plan):
+            if k == -1:
+                pairs.append((first + lent, out))
+                lent += 1
+            elif k is not None:
+                pairs.append((k, out))
+        return pairs
+
+    def _graph(self, live: list[tuple[int, int, torch.Tensor]], plan) -> dict:
+        # An input laid out densely in another dim order (a transposed weight) crosses in that
+        # order, read in place, and a permute node gives it its shape back.
+        orders = [key[3] for key in self.input_keys]
+        inputs = [
+            {"name": f"in{k}", "type": _short(t) if o is None else _short_of([t.shape[d] for d in o], t.dtype)}
+            for k, (t, o) in enumerate(zip(self.inputs, orders))
+        ]
         n = len(self.inputs)
         inputs += [{"name": f"in{n + j.index}", "type": f"{j.dtype}[]"} for j in self.lifted]
+        first = n + len(self.lifted)
+        lent = [self.nodes[i][4][j] for (i, j, _), k in zip(live, plan) if k == -1]
+        inputs += [{"name": f"in{first + e}", "type": ty} for e, ty in enumerate(lent)]
 
         def ref(x):
             if isinstance(x, _Ref):
                 return {"node": f"n{x.node}", **({"output": x.out} if x.out else {})}
             if isinstance(x, _Input):
-                return {"node": f"in{x.index}"}
+                return {"node": f"in{x.index}" if orders[x.index] is None else f"permuted{x.index}"}
             if isinstance(x, _Lifted):
                 return {"node": f"in{n + x.index}"}
             return None
 
         nodes = []
+        for k, o in enumerate(orders):
+            if o is not None:
+                back = [o.index(d) for d in range(len(o))]
+                nodes.append({
+                    "name": f"permuted{k}",
+                    "op": "aten::permute.default",
+                    "args": [{"tensor": {"node": f"in{k}"}}, {"int_list": back}],
+                    "arg_names": ["self", "dims"],
+                    "outputs": [_short(self.inputs[k])],
+                })
         for i, (func, rargs, rkwargs, _refs, short, _alias) in enumerate(self.nodes):
             node = {
                 "name": f"n{i}",
@@ -779,7 +891,16 @@ class FusedMode(TorchDispatchMode):
             live = []
             for i, node in enumerate(self.nodes):
                 for j, w in enumerate(node[3]):
-                    t = w() if w is not None else None
+                    if w is None:
+                        continue
+                    t = w()
+                    if t is None and (i, j) in self.views:
+                        # Only a view holds this value's memory: write it there, in the
+                        # geometry the value had.
+                        v = self._live_view((i, j))
+                        if v is not None:
+                            t = v.as_strided(*self.geometry[(i, j)])
+                            self.orphans.add(id(t))
                     if t is not None:
                         live.append((i, j, t))
             n_ops = len(self.nodes)
@@ -801,17 +922,21 @@ class FusedMode(TorchDispatchMode):
             finally:
                 self._reset()
 
-    def _trace_key(self, live):
+    def _trace_key(self, live, plan):
         if not self.keyable:
             return None
         n = native()
-        live_key = tuple((i, j) for i, j, _ in live)
+        live_key = tuple((i, j, k) for (i, j, _), k in zip(live, plan))
         context = (n.registry_generation(), n.fault_generation(), tuple(self.refused))
         return hash((self.hash, live_key, context, tuple(self.input_keys))), live_key
 
     def _run_program(self, live) -> None:
-        inputs = [t.detach() if t.is_contiguous() else t.detach().contiguous() for t in self.inputs]
-        keyed = self._trace_key(live)
+        inputs = [
+            t.detach() if key[3] is None else t.detach().permute(key[3])
+            for t, key in zip(self.inputs, self.input_keys)
+        ]
+        plan = self._lending(live)
+        keyed = self._trace_key(live, plan)
         entry = None
         if keyed is not None:
             with TRACES.lock:
@@ -822,10 +947,11 @@ class FusedMode(TorchDispatchMode):
         if entry is not None:
             program = entry.program
         else:
-            program, keyed = self._compile(live, keyed)
+            program, keyed = self._compile(live, keyed, plan)
         # Lifted floats as zero-dim inputs (after the compile, which may have lifted more or
-        # put them back).
+        # put them back), then the memory lent to outputs.
         inputs += [torch.tensor(j.value, dtype=_DTYPE_OF[j.dtype]) for j in self.lifted]
+        inputs += [t.detach() for (_, _, t), k in zip(live, plan) if k == -1]
         try:
             caps = program.run(inputs)
         except Exception as e:
@@ -838,7 +964,9 @@ class FusedMode(TorchDispatchMode):
                         TRACES.last_eviction = reason
             raise
         for (_, _, t), cap in zip(live, caps):
-            _fill(t, as_tensor(cap), copy=id(t) in self.pinned or id(t) in self.write_back)
+            if cap is not None:  # None: written into the tensor's own memory
+                shared = self._is_pinned(t) or id(t) in self.orphans or id(t) in self.write_back
+                _fill(t, as_tensor(cap), copy=shared)
 
     def _lookup(self, keyed):
         """The cache entry of this trace (the lock held), counted as a hit; None on a miss."""
@@ -852,7 +980,7 @@ class FusedMode(TorchDispatchMode):
         TRACES.hits += 1
         return entry
 
-    def _compile(self, live, keyed):
+    def _compile(self, live, keyed, plan):
         """Compiles the trace (a cache miss) and keeps it, with why it missed; returns the
         program and the trace's key as compiled. Floats that alone differ from the closest
         earlier trace are lifted first, so this program already takes them as inputs."""
@@ -873,9 +1001,9 @@ class FusedMode(TorchDispatchMode):
                 TRACES.lifted_ops.update(op for op, _ in fresh)
             if fresh:
                 self._relift()
-                keyed = self._trace_key(live)
+                keyed = self._trace_key(live, plan)
         try:
-            program = native().compile_graph(dumps(self._graph(live)), self.refused)
+            program = self._compile_lending(live, plan)
         except Exception:
             if not self.lifted:
                 raise
@@ -886,7 +1014,7 @@ class FusedMode(TorchDispatchMode):
             self.lifted = []
             self._unlift()
             keyed = None
-            program = native().compile_graph(dumps(self._graph(live)), self.refused)
+            program = self._compile_lending(live, plan)
         with TRACES.lock:
             TRACES.misses += 1
             TRACES.miss_reasons[category] += 1
@@ -898,6 +1026,18 @@ class FusedMode(TorchDispatchMode):
                 while len(TRACES.entries) > TRACE_CACHE_SIZE:
                     TRACES.entries.popitem(last=False)
         return program, keyed
+
+    def _compile_lending(self, live, plan):
+        """The trace's program, its outputs written where `plan` says; where the program's type
+        of an output differs from its tensor's (a lowering that widens), compiled without the
+        loans: those outputs then come back in fresh buffers and are copied."""
+        graph = dumps(self._graph(live, plan))
+        try:
+            return native().compile_graph(graph, self.refused, self._donations(live, plan))
+        except ValueError as e:
+            if "donation of input" not in str(e):
+                raise
+            return native().compile_graph(graph, self.refused)
 
     def _unlift(self) -> None:
         """Puts lifted arguments back as constants (their lowering took no tensor); the trace
@@ -1040,6 +1180,16 @@ def _fill(t: torch.Tensor, value: torch.Tensor, copy: bool) -> None:
     with torch.no_grad():
         t.set_(value)
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+
+
+def _dense_order(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The dim order, outermost first, in which a tensor that is not contiguous is laid out
+    densely (a transpose or permutation of a contiguous tensor); None for a contiguous tensor
+    or one that no order makes dense (the program then reads a gathered copy)."""
+    if t.dim() < 2 or t.is_contiguous():
+        return None
+    order = tuple(sorted(range(t.dim()), key=lambda d: (-t.stride(d), d)))
+    return order if t.permute(order).is_contiguous() else None
 
 
 def _storage(t: torch.Tensor) -> int:
