@@ -70,6 +70,32 @@ def test_a_transposed_input_is_read_in_place_and_keyed_by_its_layout():
     assert after["hits"] - before["hits"] == 2
 
 
+def test_writes_into_views_of_pending_values_stay_in_the_trace():
+    """T5's `_shift_right`: a slice assignment and a select assignment into a pending tensor,
+    then an in-place op on it, are recorded functionally (scattered into the base), so the
+    trace goes on to one program; a view taken before the writes sees them."""
+
+    def shift(ids, w):
+        s = ids.new_zeros(ids.shape)
+        early = s[:, 2:]  # a view taken before the writes
+        s[..., 1:] = ids[..., :-1].clone()
+        s[..., 0] = 7
+        s.masked_fill_(s == -100, 0)
+        return (w[s] * 2).sum(-1), s, early + 1
+
+    ids = torch.tensor([[3, -100, 5, 6], [1, 2, -100, 4]])
+    w = torch.randn(10, 8)
+    want = shift(ids, w)
+    before = report().fused["reasons"]
+    with no_fallbacks(programs=1), substitute("fused"):
+        got = shift(ids, w)
+    leaving = "leaving"
+    assert report().fused["reasons"] == {**before, leaving: before.get(leaving, 0) + 1}, report().fused["reasons"]
+    torch.testing.assert_close(got[0], want[0])
+    assert torch.equal(got[1], torch.tensor([[7, 3, 0, 5], [7, 1, 2, 0]]))
+    assert torch.equal(got[2], want[2])
+
+
 @pytest.mark.parametrize("point", ["item", "numpy", "cpu", "print", "control_flow", "tolist"])
 def test_materialisation_points(point, capsys):
     x = torch.randn(8, 8)

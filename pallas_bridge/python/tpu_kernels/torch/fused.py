@@ -491,6 +491,119 @@ class FusedMode(TorchDispatchMode):
         self._record(f, args, kwargs, outs, alias=False, short=types[1])
         return tuple(outs[:own])
 
+    def _record_view_write(self, func, args, kwargs):
+        """An in-place op on a viewed pending value, or on a slice or select of one
+        (`shifted[..., 1:] = x`), recorded as functionalization does it: the op's functional form,
+        written into the base (`slice_scatter`; a select as its one-wide slice), and the base
+        tensor stands for the result. Every live view of the base is then recorded again on the
+        new value. Returns None when that does not apply: a view op other than slice and select,
+        a view of a view, or a view not recorded. The op then ends the trace first."""
+        f = self._functional_of(func)
+        if f is None or not args or not isinstance(args[0], torch.Tensor) or kwargs.get("out") is not None:
+            return None
+        target = args[0]
+        hit = self.produced.get(id(target))
+        if hit is None or hit[2]() is not target:
+            return None
+        node = self.nodes[hit[0]]
+        if node[5]:  # a view: its base is the value the write lands in
+            view_func, view_args = node[0], node[1]
+            if op_key(view_func) not in ("aten::slice.Tensor", "aten::select.int") or node[2]:
+                return None
+            base_ref = view_args[0]
+        else:
+            view_func = view_args = None
+            base_ref = _Ref(hit[0], hit[1])
+        if not isinstance(base_ref, _Ref) or self.nodes[base_ref.node][5]:
+            return None
+        root = (base_ref.node, base_ref.out)
+        w = self.nodes[root[0]][3][root[1]]
+        base = w() if w is not None else None
+        if base is None or not self._is_pinned(base) or id(base) in self.write_back:
+            return None
+        views = self._direct_views(root)
+        if views is None:
+            return None
+        types = self._output_types(f, args, kwargs)
+        if types is None or len(types[0]) != 1 or not types[3][0]:
+            return None
+        (shape, dtype), = types[0]
+        if shape != tuple(target.shape) or dtype != target.dtype:
+            return None
+        if view_func is None:
+            self._retire(base)
+            self._record(f, args, kwargs, [base], alias=False, short=types[1])
+        else:
+            b = self._scatter_args(view_func, view_args, base)
+            if b is None:
+                return None
+            dim, start, end, step, select = b
+            value = torch.empty(shape, dtype=dtype, device=target.device)
+            self._record(f, args, kwargs, [value], alias=False, short=types[1])
+            if select:
+                value = self._record_view(torch.ops.aten.unsqueeze.default, (value, dim))
+            self._retire(base)
+            scatter = torch.ops.aten.slice_scatter.default
+            self._record(scatter, (base, value, dim, start, end, step), {}, [base], alias=False,
+                         short=(_short(base),))
+        self._rebase(root, base, views)
+        return target
+
+    def _direct_views(self, root):
+        """The live views of recorded value `root` with their view nodes, when each is a
+        recorded view of it taking nothing but statics besides it; None otherwise."""
+        out = []
+        for w in self.views.get(root, ()):
+            v = w()
+            if v is None:
+                continue
+            hit = self.produced.get(id(v))
+            if hit is None or hit[2]() is not v:
+                return None
+            node = self.nodes[hit[0]]
+            base = node[1][0] if node[1] else None
+            if not node[5] or not isinstance(base, _Ref) or (base.node, base.out) != root:
+                return None
+            rest = list(node[1][1:]) + list(node[2].values())
+            if any(isinstance(a, (_Ref, _Input, _Lifted, torch.Tensor)) for a in rest):
+                return None
+            out.append((v, node))
+        return out
+
+    def _scatter_args(self, view_func, view_args, base):
+        """(dim, start, end, step, is a select) of the slice or select `view_args` of `base`."""
+        rank = base.dim()
+        if op_key(view_func) == "aten::slice.Tensor":
+            dim, start, end, step = (list(view_args[1:]) + [0, None, None, 1][len(view_args) - 1:])[:4]
+            return (dim % rank if rank else 0), start, end, step, False
+        _, dim, index = view_args
+        dim = dim % rank
+        size = base.shape[dim]
+        if not -size <= index < size:
+            return None
+        index %= size
+        return dim, index, index + 1, 1, True
+
+    def _record_view(self, view_func, args):
+        """Runs view op `view_func` on a recorded value and records it as an alias."""
+        out = view_func(*args)
+        self._record(view_func, args, {}, [out], alias=True, short=(_short(out),))
+        return out
+
+    def _rebase(self, old_root, base, views) -> None:
+        """Moves `base`'s views from its old value `old_root` to the value it now stands for,
+        recording each again on it."""
+        hit = self.produced[id(base)]
+        new_root = (hit[0], hit[1])
+        self.geometry[new_root] = self.geometry.pop(old_root)
+        self.views[new_root] = self.views.pop(old_root, [])
+        self.pinned[id(base)] = (weakref.ref(base), new_root)
+        for v, node in views:
+            self._record(node[0], (base, *node[1][1:]), dict(node[2]), [v], alias=True, short=node[4])
+            self.view_roots[id(v)] = (weakref.ref(v), new_root)
+            if self._is_pinned(v):
+                self.pinned[id(v)] = (weakref.ref(v), new_root)
+
     def _writable(self, t: torch.Tensor) -> bool:
         """Whether a recorded op may stand for `t`'s new value: a pending placeholder that
         nothing views, or a dense tensor with memory of its own that no pending value aliases."""
@@ -623,6 +736,8 @@ class FusedMode(TorchDispatchMode):
             done = self._record_mutating(func, args, kwargs) if key in _MUTATING else None
             if done is None and mutable:
                 done = self._record_in_place(func, args, kwargs)
+            if done is None and mutable:
+                done = self._record_view_write(func, args, kwargs)
             if done is not None:
                 return done
         if not recordable or device is None or scalars_only:
