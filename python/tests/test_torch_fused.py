@@ -96,6 +96,37 @@ def test_writes_into_views_of_pending_values_stay_in_the_trace():
     assert torch.equal(got[2], want[2])
 
 
+def test_a_boolean_scalar_read_replays_its_few_ops_and_the_trace_goes_on():
+    """transformers' attention masks: `mask.bool().all()` read by Python control flow is computed
+    by replaying its two boolean ops in PyTorch (exact, counted); the trace is not ended. A float
+    scalar read still ends it."""
+    x = torch.randn(4, 16)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+
+    def f(x, mask):
+        h = F.silu(x) * 2
+        keep = bool(mask.bool().all())  # Python control flow on a pending value
+        return h + (1 if keep else -1), keep
+
+    want = f(x, mask)
+    before = dict(report().fused["reasons"]), dict(report().fused["trace_cache"])
+    with no_fallbacks(programs=1), substitute("fused"):
+        got = f(x, mask)
+    reasons, cache = report().fused["reasons"], report().fused["trace_cache"]
+    assert reasons == {**before[0], "leaving": before[0].get("leaving", 0) + 1}, reasons
+    assert cache["scalar_reads_replayed"] == before[1]["scalar_reads_replayed"] + 1
+    assert cache["scalar_read_ops_replayed"] == before[1]["scalar_read_ops_replayed"] + 2
+    assert got[1] is want[1] is False
+    torch.testing.assert_close(got[0], want[0])
+
+    with substitute("fused"):
+        s = float((F.silu(x) * 2).sum())  # a float: not exact in a replay, so it materialises
+    assert report().fused["reasons"].get("aten::_local_scalar_dense.default", 0) == (
+        reasons.get("aten::_local_scalar_dense.default", 0) + 1
+    )
+    assert s == pytest.approx(float((F.silu(x) * 2).sum()), rel=1e-5)
+
+
 @pytest.mark.parametrize("point", ["item", "numpy", "cpu", "print", "control_flow", "tolist"])
 def test_materialisation_points(point, capsys):
     x = torch.randn(8, 8)

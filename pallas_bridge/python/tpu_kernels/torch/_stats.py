@@ -47,6 +47,8 @@ _NO_TRACES = {
     "lifted": [],
     "kept_constant": [],
     "output_type_runs": 0,
+    "scalar_reads_replayed": 0,
+    "scalar_read_ops_replayed": 0,
 }
 
 # Why something ran in PyTorch instead of a kernel or a program, in two classes.
@@ -226,7 +228,8 @@ class Report:
             why = ", ".join(f"{k}={v}" for k, v in sorted(tc["miss_reasons"].items()))
             lines.append(
                 f"  trace cache: {tc['hits']} hits, {tc['misses']} misses ({why or '-'}), {tc['entries']} programs kept, "
-                f"{tc['output_type_runs']} meta-kernel runs for output types"
+                f"{tc['output_type_runs']} meta-kernel runs for output types, "
+                f"{tc['scalar_reads_replayed']} scalar reads replayed ({tc['scalar_read_ops_replayed']} integer or boolean ops)"
                 + (f"; last miss: {tc['last_miss'][:160]}" if tc["last_miss"] else "")
             )
             if tc["lifted"]:

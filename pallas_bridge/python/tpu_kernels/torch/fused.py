@@ -207,6 +207,10 @@ class _TraceCache:
         self.metas: dict[tuple, tuple] = {}
         # How often recording ran an op's meta kernel (a miss of `metas`).
         self.meta_runs = 0
+        # Scalars Python read from a pending value, computed by replaying in PyTorch the few
+        # integer and boolean ops they depend on, without ending the trace.
+        self.scalar_reads = 0
+        self.scalar_read_ops = 0
 
     def clear(self) -> None:
         with self.lock:
@@ -228,6 +232,8 @@ class _TraceCache:
                 "lifted": sorted(f"{op}:{arg}" for op, arg in self.lifted - self.not_liftable),
                 "kept_constant": sorted(f"{op}:{arg}" for op, arg in self.not_liftable),
                 "output_type_runs": self.meta_runs,
+                "scalar_reads_replayed": self.scalar_reads,
+                "scalar_read_ops_replayed": self.scalar_read_ops,
             }
 
 
@@ -399,6 +405,54 @@ class FusedMode(TorchDispatchMode):
         view still is."""
         hit = self.pending_storages.get(_storage(t))
         return hit is not None and (hit[0]() is not None or self._live_view(hit[1]) is not None)
+
+    def _exact_scalar(self, t: torch.Tensor) -> torch.Tensor | None:
+        """The value of pending zero-dim `t` (what `.item()` reads) from a replay in PyTorch of
+        the recorded ops it depends on, when there are at most `_SCALAR_READ_OPS` and each has
+        integer or boolean outputs only: their values are exact in PyTorch as in the program,
+        so the trace goes on and later computes the same value. A mask's `.all()` driving
+        Python control flow (transformers' attention masks) then ends no trace. None otherwise;
+        the read then materialises the trace. Counted in `report().fused["trace_cache"]`."""
+        r = self._ref_of(t)
+        if r is None or t.dim() != 0:
+            return None
+        need: set[int] = set()
+        stack = [r.node]
+        while stack:
+            i = stack.pop()
+            if i in need:
+                continue
+            need.add(i)
+            if len(need) > _SCALAR_READ_OPS:
+                return None
+            _func, rargs, rkwargs, _refs, short, _alias = self.nodes[i]
+            if not all(s.split("[")[0] in _EXACT_DTYPES for s in short):
+                return None
+            found: list = []
+            _map((rargs, rkwargs), lambda x: found.append(x) or x)
+            for x in found:
+                if isinstance(x, _Lifted):
+                    return None
+                if isinstance(x, _Ref):
+                    stack.append(x.node)
+        values: dict[tuple[int, int], torch.Tensor] = {}
+
+        def real(x):
+            if isinstance(x, _Ref):
+                return values[(x.node, x.out)]
+            if isinstance(x, _Input):
+                return self.inputs[x.index]
+            return x
+
+        for i in sorted(need):
+            func, rargs, rkwargs = self.nodes[i][:3]
+            out = func(*_map(rargs, real), **_map(rkwargs, real))
+            for j, o in enumerate([out] if isinstance(out, torch.Tensor) else list(out)):
+                values[(i, j)] = o
+        with TRACES.lock:
+            TRACES.scalar_reads += 1
+            TRACES.scalar_read_ops += len(need)
+        return values[(r.node, r.out)]
 
     def _root(self, t: torch.Tensor) -> tuple[int, int] | None:
         """The recorded (node, output) whose memory `t` is: its own, or its view's base's."""
@@ -768,6 +822,10 @@ class FusedMode(TorchDispatchMode):
                         short = tuple(_short_of(tuple(o.shape), o.dtype) for o in outs)
                         self._record(func, args, kwargs, outs, alias=True, short=short)
                 return out
+            if key == "aten::_local_scalar_dense.default" and len(tensors) == 1:
+                value = self._exact_scalar(tensors[0])
+                if value is not None:
+                    return _run(func, (value,), {})
             if self.nodes and self._needs_flush(func, tensors):
                 self.flush(key)
             return _run(func, args, kwargs)
@@ -1295,6 +1353,12 @@ def _fill(t: torch.Tensor, value: torch.Tensor, copy: bool) -> None:
     with torch.no_grad():
         t.set_(value)
     torch._C._autograd._unsafe_set_version_counter((t,), (version,))
+
+
+# A scalar read answered by a replay (`FusedMode._exact_scalar`): at most this many ops, each
+# with outputs of these types only.
+_SCALAR_READ_OPS = 16
+_EXACT_DTYPES = frozenset({"bool", "i8", "i16", "i32", "i64", "u8", "u32"})
 
 
 def _dense_order(t: torch.Tensor) -> tuple[int, ...] | None:
