@@ -435,20 +435,7 @@ class FusedMode(TorchDispatchMode):
                     return None
                 if isinstance(x, _Ref):
                     stack.append(x.node)
-        values: dict[tuple[int, int], torch.Tensor] = {}
-
-        def real(x):
-            if isinstance(x, _Ref):
-                return values[(x.node, x.out)]
-            if isinstance(x, _Input):
-                return self.inputs[x.index]
-            return x
-
-        for i in sorted(need):
-            func, rargs, rkwargs = self.nodes[i][:3]
-            out = func(*_map(rargs, real), **_map(rkwargs, real))
-            for j, o in enumerate([out] if isinstance(out, torch.Tensor) else list(out)):
-                values[(i, j)] = o
+        values = self._run_nodes(sorted(need))
         with TRACES.lock:
             TRACES.scalar_reads += 1
             TRACES.scalar_read_ops += len(need)
@@ -1225,7 +1212,9 @@ class FusedMode(TorchDispatchMode):
         ]
         self.keyable = False
 
-    def _replay(self, live) -> None:
+    def _run_nodes(self, indices) -> dict[tuple[int, int], torch.Tensor]:
+        """Runs the recorded nodes `indices` (in trace order, each node's recorded inputs among
+        them) in PyTorch on the trace's inputs; their outputs by (node, output)."""
         values: dict[tuple[int, int], torch.Tensor] = {}
 
         def real(x):
@@ -1237,11 +1226,15 @@ class FusedMode(TorchDispatchMode):
                 return x.value
             return x
 
-        for i, (func, rargs, rkwargs, _refs, _short, _alias) in enumerate(self.nodes):
+        for i in indices:
+            func, rargs, rkwargs = self.nodes[i][:3]
             out = func(*_map(rargs, real), **_map(rkwargs, real))
-            outs = [out] if isinstance(out, torch.Tensor) else list(out)
-            for j, o in enumerate(outs):
+            for j, o in enumerate([out] if isinstance(out, torch.Tensor) else list(out)):
                 values[(i, j)] = o
+        return values
+
+    def _replay(self, live) -> None:
+        values = self._run_nodes(range(len(self.nodes)))
         for i, j, t in live:
             t.data.copy_(values[(i, j)])
         # Aliases (recorded views) already see their bases' storage.
