@@ -18,6 +18,7 @@ mod intern;
 mod library_api;
 mod registry_api;
 mod runtime;
+mod sharded;
 mod strict_mode;
 mod tensor;
 mod torch_bridge;

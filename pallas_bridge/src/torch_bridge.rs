@@ -65,7 +65,7 @@ struct GraphStats {
 pub(crate) struct Runtime {
     pub(crate) dispatcher: Dispatcher,
     cache: Arc<CompileCache>,
-    platform: Platform,
+    pub(crate) platform: Platform,
     programs: Mutex<HashMap<String, Arc<ProgramInner>>>,
     /// Views of the host memory graph programs' inputs occupied: a model's parameters (and
     /// whatever the allocator puts at the same addresses) are viewed once, not every run.
@@ -774,9 +774,9 @@ impl GraphProgram {
 
 /// Why a graph did not become a program: `declined` when a node is one no kernel takes and
 /// the default table does not lower (an op, or arguments, it does not cover), else a failure.
-struct GraphFailure {
-    declined: bool,
-    message: String,
+pub(crate) struct GraphFailure {
+    pub(crate) declined: bool,
+    pub(crate) message: String,
 }
 
 impl From<String> for GraphFailure {
@@ -785,12 +785,14 @@ impl From<String> for GraphFailure {
     }
 }
 
-fn compile_inner(
+/// A graph (the registry's JSON) lowered for `platform`: the graph, its module and the kernels
+/// it inlined, in graph order. `refused` names kernels never to inline.
+pub(crate) fn lower_graph(
     rt: &Runtime,
     json: &str,
     refused: &[String],
-    donations: &[(usize, usize)],
-) -> Result<Arc<ProgramInner>, GraphFailure> {
+    platform: Platform,
+) -> Result<(Graph, tpu_kernels::ir::Module, Vec<String>), GraphFailure> {
     let graph = Graph::from_json(json).map_err(|e| e.to_string())?;
     let mut index = rt.dispatcher.registry().index();
     if !refused.is_empty() {
@@ -799,16 +801,27 @@ fn compile_inner(
         index = Arc::new(Index::build(kept.collect()).map_err(|e| e.to_string())?);
     }
     let resolver = RecordingResolver {
-        inner: IndexResolver::new(index, rt.platform),
+        inner: IndexResolver::new(index, platform),
         used: RefCell::new(Vec::new()),
     };
-    let mut module = graph::lower(&graph, &resolver).map_err(|e| GraphFailure {
+    let module = graph::lower(&graph, &resolver).map_err(|e| GraphFailure {
         declined: matches!(
             e,
             graph::LowerError::UnsupportedOp { .. } | graph::LowerError::BadArgs { .. }
         ),
         message: e.to_string(),
     })?;
+    let kernels = resolver.used.into_inner().into_iter().map(|(_, k)| k).collect();
+    Ok((graph, module, kernels))
+}
+
+fn compile_inner(
+    rt: &Runtime,
+    json: &str,
+    refused: &[String],
+    donations: &[(usize, usize)],
+) -> Result<Arc<ProgramInner>, GraphFailure> {
+    let (graph, mut module, kernels) = lower_graph(rt, json, refused, rt.platform)?;
     if let Some(main) = module.functions.first_mut() {
         for &(input, output) in donations {
             let (Some(param), Some(result)) = (main.params.get(input), main.results.get(output))
@@ -858,7 +871,7 @@ fn compile_inner(
         executable: cached.executable,
         inputs: main.params.clone(),
         outputs: main.results.clone(),
-        kernels: resolver.used.into_inner().into_iter().map(|(_, k)| k).collect(),
+        kernels,
         donations: donations.to_vec(),
         pooled,
     }))
@@ -1170,6 +1183,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sub.add_function(wrap_pyfunction!(set_raise_errors, &sub)?)?;
     sub.add_function(wrap_pyfunction!(raise_errors, &sub)?)?;
     sub.add_class::<GraphProgram>()?;
+    crate::sharded::register(&sub)?;
     sub.add_class::<BoundaryLayout>()?;
     sub.add_class::<crate::strict_mode::StrictDispatch>()?;
     m.add_submodule(&sub)?;

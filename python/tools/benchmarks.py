@@ -803,7 +803,7 @@ def parse_import_timing(run: Run) -> None:
         run.tables.append(("flash attention import, step by step (ms)", header, rows))
 
 
-BENCHES = ("emit", "pjrt", "registry", "cache", "tiled", "pallas", "zoo", "torch", "import")
+BENCHES = ("emit", "pjrt", "registry", "cache", "tiled", "pallas", "zoo", "sharded", "torch", "import")
 
 
 def parse_markdown(run: Run) -> None:
@@ -848,6 +848,14 @@ def existing_benches(python: str, timeout: float, quick_torch: bool, only: set[s
                 "zoo: one training step per model in eager, Inductor, tpu_kernels, strict and fused",
                 [python, "python/tools/bench_zoo.py"],
                 "zoo",
+            ),
+            [parse_markdown],
+        ),
+        (
+            Run(
+                "sharded: the GPT example's step on 1, 2 and 4 CPU devices, data, FSDP-style and tensor parallel",
+                [python, "python/tools/bench_sharded.py"],
+                "sharded",
             ),
             [parse_markdown],
         ),

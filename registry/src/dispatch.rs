@@ -66,6 +66,17 @@ pub fn upload(client: &Client, ty: &TensorType, data: &[u8]) -> Result<Buffer, S
     client.buffer_from_bytes(data, element, &dims).map_err(|e| e.to_string())
 }
 
+/// [`upload`] onto `device` (one shard of a sharded program's input).
+pub fn upload_on(
+    client: &Client,
+    ty: &TensorType,
+    data: &[u8],
+    device: &crate::pjrt::Device,
+) -> Result<Buffer, String> {
+    let (element, dims) = pjrt_shape(ty)?;
+    client.buffer_from_bytes_on(data, element, &dims, device).map_err(|e| e.to_string())
+}
+
 /// Row-major `data` of type `ty` as an execution input: read in place where the client can
 /// alias host memory, else a copy (see [`Client::host_input`]).
 pub fn upload_input<'a>(

@@ -297,6 +297,10 @@ fn spmd_over_four_devices() {
     assert_eq!(exe.devices().len(), 4);
     assert_eq!(exe.num_partitions(), 4);
     assert_eq!(exe.parameters().unwrap()[0].dims, vec![2, 4], "per-device shard shape");
+    // The partitioner's collective: the column sums of a row-sharded matrix are all-reduced.
+    let ops = exe.optimized_opcodes().unwrap().expect("the CPU plugin reports its program");
+    assert!(ops.contains_key("all-reduce"), "{ops:?}");
+    assert!(ops.contains_key("multiply"), "{ops:?}");
     let shards: Vec<_> = client
         .devices()
         .iter()

@@ -655,6 +655,7 @@ impl KernelBuilder {
             }
             f.visibility = Visibility::Private;
             f.param_attrs = vec![Vec::new(); f.params.len()];
+            f.result_attrs = vec![Vec::new(); f.results.len()];
             match st.callees.iter().find(|g| g.name == f.name) {
                 Some(g) if *g == f => {}
                 Some(_) => {
@@ -764,6 +765,7 @@ impl KernelBuilder {
             name: "main".to_owned(),
             visibility: Visibility::Public,
             results: ids.iter().map(|v| st.values[v.0 as usize].clone()).collect(),
+            result_attrs: vec![Vec::new(); ids.len()],
             params: st.params,
             param_attrs: st.param_attrs,
             values: st.values,

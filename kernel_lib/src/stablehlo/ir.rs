@@ -519,6 +519,8 @@ pub struct Function {
     /// Per-parameter attributes, printed in order (e.g. `tf.aliasing_output = 0 : i32`).
     pub param_attrs: Vec<Vec<(String, String)>>,
     pub results: Vec<TensorType>,
+    /// Per-result attributes, printed in order (e.g. `mhlo.sharding = "{replicated}"`).
+    pub result_attrs: Vec<Vec<(String, String)>>,
     /// The type of every value, indexed by [`ValueId`].
     pub values: Vec<TensorType>,
     pub regions: Vec<Region>,

@@ -113,12 +113,29 @@ impl<'a> FnPrinter<'a> {
             }
             params.push(s);
         }
-        let results = match f.results.as_slice() {
-            [] => String::new(),
-            [one] => format!(" -> {one}"),
-            many => {
-                let refs: Vec<&TensorType> = many.iter().collect();
-                format!(" -> ({})", types(&refs))
+        let results = if f.result_attrs.iter().any(|a| !a.is_empty()) {
+            let parts: Vec<String> = f
+                .results
+                .iter()
+                .enumerate()
+                .map(|(i, r)| match f.result_attrs.get(i).filter(|a| !a.is_empty()) {
+                    Some(attrs) => {
+                        let kv: Vec<String> =
+                            attrs.iter().map(|(k, v)| format!("{k} = {v}")).collect();
+                        format!("{r} {{{}}}", kv.join(", "))
+                    }
+                    None => r.to_string(),
+                })
+                .collect();
+            format!(" -> ({})", parts.join(", "))
+        } else {
+            match f.results.as_slice() {
+                [] => String::new(),
+                [one] => format!(" -> {one}"),
+                many => {
+                    let refs: Vec<&TensorType> = many.iter().collect();
+                    format!(" -> ({})", types(&refs))
+                }
             }
         };
         let _ = writeln!(

@@ -60,6 +60,9 @@ fn verify_function(module: &Module, f: &Function) -> Result<(), OpError> {
     if f.param_attrs.len() != f.params.len() {
         return Err(op_err!(Verify, "parameter attributes do not match the parameters"));
     }
+    if f.result_attrs.len() != f.results.len() {
+        return Err(op_err!(Verify, "result attributes do not match the results"));
+    }
     for (i, p) in f.params.iter().enumerate() {
         if f.values.get(i) != Some(p) {
             return Err(op_err!(Verify, "parameter {i} type {p} disagrees with its value"));

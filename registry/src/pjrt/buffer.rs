@@ -402,6 +402,18 @@ impl Client {
     /// untyped form of [`buffer_from_host`](Self::buffer_from_host), for callers that learn the
     /// dtype at runtime (the dispatcher, DLPack tensors). The length must match exactly.
     pub fn buffer_from_bytes(&self, bytes: &[u8], ty: ElementType, dims: &[i64]) -> Result<Buffer> {
+        self.buffer_from_bytes_on(bytes, ty, dims, self.first_device()?)
+    }
+
+    /// [`buffer_from_bytes`](Self::buffer_from_bytes) onto `device` (one shard of a sharded
+    /// program's input).
+    pub fn buffer_from_bytes_on(
+        &self,
+        bytes: &[u8],
+        ty: ElementType,
+        dims: &[i64],
+        device: &Device,
+    ) -> Result<Buffer> {
         let Some(size) = ty.size_in_bytes() else {
             return Err(Error::HostData {
                 message: format!("cannot upload elements of type {ty}"),
@@ -419,7 +431,6 @@ impl Client {
                 ),
             });
         }
-        let device = self.first_device()?;
         // SAFETY: `bytes` holds exactly the buffer's bytes (checked above) and stays valid for
         // the call; PJRT only reads it during the call (`kImmutableOnlyDuringCall`).
         let (buffer, _done) = unsafe {

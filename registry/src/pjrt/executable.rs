@@ -155,6 +155,12 @@ impl RawExecutable {
     /// The entry parameters of the optimized program (`PJRT_Executable_OptimizedProgram`, an
     /// `HloModuleProto`), or `None` when the plugin does not provide them.
     fn parameters(&self) -> Option<Vec<ParameterSpec>> {
+        entry_parameters(&self.optimized_module()?)
+    }
+
+    /// The optimized program as a serialized `HloModuleProto` (`PJRT_Executable_OptimizedProgram`),
+    /// or `None` when the plugin does not provide it.
+    fn optimized_module(&self) -> Option<Vec<u8>> {
         let mut program = sys::PJRT_Program::new();
         let mut args = sys::PJRT_Executable_OptimizedProgram_Args::new();
         args.executable = self.raw;
@@ -173,14 +179,32 @@ impl RawExecutable {
         if format == "hlo_with_config" {
             // HloModuleProtoWithConfig: the module is field 1.
             let module = Reader::new(&code).find_map(|(f, v)| match (f, v) {
-                (1, Value::Bytes(m)) => Some(m),
+                (1, Value::Bytes(m)) => Some(m.to_vec()),
                 _ => None,
             })?;
-            entry_parameters(module)
+            Some(module)
         } else {
-            entry_parameters(&code)
+            Some(code)
         }
     }
+}
+
+/// How many instructions of each opcode a serialized `HloModuleProto` holds, over all its
+/// computations (`HloComputationProto.instructions` = 2, `HloInstructionProto.opcode` = 2).
+fn opcode_counts(module: &[u8]) -> std::collections::BTreeMap<String, usize> {
+    let mut counts = std::collections::BTreeMap::new();
+    for (field, value) in Reader::new(module) {
+        let (3, Value::Bytes(computation)) = (field, value) else { continue };
+        for (f, v) in Reader::new(computation) {
+            let (2, Value::Bytes(instruction)) = (f, v) else { continue };
+            for (g, w) in Reader::new(instruction) {
+                if let (2, Value::Bytes(op)) = (g, w) {
+                    *counts.entry(String::from_utf8_lossy(op).into_owned()).or_insert(0) += 1;
+                }
+            }
+        }
+    }
+    counts
 }
 
 /// Reads the entry computation's parameter shapes from a serialized `HloModuleProto`.
@@ -351,6 +375,13 @@ impl LoadedExecutable {
     /// when the plugin does not report its optimized program; then only PJRT checks).
     pub fn parameters(&self) -> Option<&[ParameterSpec]> {
         self.parameters.as_deref()
+    }
+
+    /// How many instructions of each HLO opcode the optimized program holds (XLA's own
+    /// program after its passes: for an SPMD program, the per-device program with the
+    /// collectives the partitioner inserted), or `None` when the plugin does not report it.
+    pub fn optimized_opcodes(&self) -> Result<Option<std::collections::BTreeMap<String, usize>>> {
+        Ok(self.unloaded()?.optimized_module().map(|m| opcode_counts(&m)))
     }
 
     /// A platform-specific serialization (`PJRT_Executable_Serialize`), for
