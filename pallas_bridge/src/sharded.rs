@@ -247,6 +247,7 @@ impl ShardedProgram {
             lower_graph(rt, &self.json, &self.refused, Platform::Tpu).map_err(failure)?;
         let text = annotate(module, &self.in_shardings, &self.out_shardings)
             .map_err(PyValueError::new_err)?;
+        let mosaic_calls = text.matches("custom_call @tpu_custom_call").count();
         let start = Instant::now();
         let compiled = py
             .detach(|| topo.compile(&Program::text(text), &CompileOptions::spmd(self.devices)))
@@ -261,6 +262,7 @@ impl ShardedProgram {
         d.set_item("devices", topo.device_count())?;
         d.set_item("executable_bytes", compiled.serialized_size())?;
         d.set_item("compile_ms", start.elapsed().as_secs_f64() * 1e3)?;
+        d.set_item("mosaic_calls", mosaic_calls)?;
         Ok(d)
     }
 

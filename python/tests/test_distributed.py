@@ -115,21 +115,45 @@ def test_a_two_dimensional_mesh_shards_the_batch_and_the_linears():
     _check(model, step, (x, y), ref)
 
 
-def test_a_zoo_model_trains_a_step_data_parallel():
+LLAMA_COLWISE = ["model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.k_proj",
+                 "model.layers.*.self_attn.v_proj", "model.layers.*.mlp.gate_proj", "model.layers.*.mlp.up_proj"]
+LLAMA_ROWWISE = ["model.layers.*.self_attn.o_proj", "model.layers.*.mlp.down_proj"]
+
+
+@pytest.mark.parametrize("layout", ["dp", "fsdp", "tp"])
+def test_a_zoo_model_trains_a_step_sharded_over_four_devices(layout):
+    """The zoo's Llama (RoPE, grouped-query attention; its rotary frequencies are a buffer that
+    crosses replicated) with a batch of four sequences."""
     import zoo
 
     spec = zoo.SPECS["llama"]
-    model, batch = zoo.build(spec)
+    model, _ = zoo.build(spec)
+    ids = torch.randint(0, zoo.VOCAB, (4, zoo.SEQ), generator=torch.Generator().manual_seed(2))
 
     def loss(m, ids, labels):
         return spec.loss(m, {"input_ids": ids, "labels": labels})
 
-    inputs = (batch["input_ids"], batch["labels"])
+    inputs = (ids, ids.clone())
     ref = _reference(model, loss, inputs)
-    mesh = tkd.init_device_mesh((2,), mesh_dim_names=("dp",))
-    step = tkd.compile_step(model, loss, mesh, example=inputs, **tkd.data_parallel(mesh))
-    assert "all-reduce" in step.collectives, step.collectives
+    mesh = tkd.init_device_mesh((4,), mesh_dim_names=("dp",))
+    plan = {
+        "dp": tkd.data_parallel(mesh),
+        "fsdp": tkd.fully_sharded(mesh),
+        "tp": tkd.tensor_parallel(mesh, colwise=LLAMA_COLWISE, rowwise=LLAMA_ROWWISE),
+    }[layout]
+    step = tkd.compile_step(model, loss, mesh, example=inputs, name=f"llama_{layout}", **plan)
+    assert step.collectives, step.collectives
+    q = step.names.index("model.layers.0.self_attn.q_proj.weight")
+    assert step.program.shard_shapes[q] == ([64, 64] if layout == "dp" else [16, 64])
     _check(model, step, inputs, ref)
+    from tpu_kernels.torch import report
+
+    listed = report().sharded["steps"][-1]
+    assert listed["name"] == f"llama_{layout}" and listed["devices"] == 4
+    assert listed["collectives"] == step.collectives
+    assert f"llama_{layout}: 4 devices, collectives: " in str(report())
+    _libtpu()
+    assert step.compile_for("v5e:2x2")["executable_bytes"] > 0
 
 
 def _libtpu():
@@ -150,6 +174,8 @@ def test_the_sharded_programs_compile_for_a_v5e_2x2_slice(layout):
     report = step.compile_for("v5e:2x2")
     assert report["topology"] == "v5e:2x2" and report["devices"] == 4
     assert report["executable_bytes"] > 0
+    # Mosaic kernels (the tiled attention) sit inside the sharded TPU program.
+    assert report["mosaic_calls"] > 0, report
     with pytest.raises(ValueError, match=r"topology v5e:1x1 has 1 devices, the program's mesh 4"):
         step.compile_for("v5e:1x1")
 

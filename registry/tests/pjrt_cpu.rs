@@ -368,3 +368,20 @@ fn compiles_bytecode_exported_by_jax() {
     let want = [0.0f32, 0.5, -0.5, 1.0, -1.0, 2.0].map(|x| x.tanh() * 2.0 + 1.0);
     assert_close("jax bytecode tanh(x) * 2 + 1", &out, &want, Tolerance::abs(1e-6));
 }
+
+/// What the CPU plugin offers toward several processes (issue 18's "across hosts"): its client
+/// takes `cpu_device_count` (and run-time knobs) but no node id, node count or key-value store,
+/// so one process drives all of its devices and two processes cannot form one client.
+#[test]
+fn the_cpu_plugin_has_no_options_for_several_processes() {
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    for name in ["node_id", "num_nodes"] {
+        let r = Client::new(
+            &client.plugin(),
+            ClientOptions::new().option(name, tpu_kernels_registry::pjrt::OptionValue::Int64(1)),
+        );
+        let e = r.expect_err("a CPU client option for several processes");
+        let m = e.to_string();
+        assert!(m.contains("Unexpected option name") && m.contains(name), "{m}");
+    }
+}

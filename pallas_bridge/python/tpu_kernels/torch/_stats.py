@@ -32,6 +32,8 @@ class _Local:
     graph_call_time_s: float = 0.0
     eager_nodes: dict = field(default_factory=lambda: defaultdict(int))
     eager_reasons: dict = field(default_factory=dict)
+    # Sharded steps compiled (`distributed.compile_step`): name, devices, collectives, kernels.
+    sharded_steps: list = field(default_factory=list)
 
 
 LOCAL = _Local()
@@ -108,6 +110,13 @@ def record_graph(name: str, kernels: list[str], n_nodes: int, eager: dict[str, s
             LOCAL.eager_reasons[op] = why
 
 
+def record_sharded_step(name: str, devices: int, collectives: dict, kernels: list[str]) -> None:
+    with LOCAL.lock:
+        LOCAL.sharded_steps.append(
+            {"name": name, "devices": devices, "collectives": dict(collectives), "kernels": list(kernels)}
+        )
+
+
 @dataclass
 class Report:
     """A snapshot of the counters; `str()` renders a table.
@@ -132,6 +141,10 @@ class Report:
     # How long torch's OpenMP workers spin after each parallel op (see tpu_kernels._openmp):
     # `spin` is "shortened", "user", "kept" or "default", `detail` says it in words.
     openmp: dict | None = None
+    # Sharded steps (`tpu_kernels.torch.distributed`): `steps` compiled, each with its devices,
+    # the collectives XLA's partitioner inserted and the kernels inlined; `runs` and `run_time_s`
+    # of their programs (the run on every device, shards uploaded, outputs back).
+    sharded: dict | None = None
 
     def substituted(self, op: str | None = None) -> int:
         if op is None:
@@ -253,6 +266,16 @@ class Report:
                 lines.append("  nodes run in PyTorch:")
                 for op, n in sorted(cg["eager_nodes"].items()):
                     lines.append(f"    {op} x{n}: {cg['eager_reasons'][op][:160]}")
+        sh = self.sharded
+        if sh and sh["steps"]:
+            lines.append(
+                f"sharded steps: {len(sh['steps'])} compiled, {sh['runs']} runs, {sh['run_time_s'] * 1e3:.2f} ms running"
+            )
+            for st in sh["steps"]:
+                coll = ", ".join(f"{k} x{v}" for k, v in sorted(st["collectives"].items())) or "none"
+                lines.append(
+                    f"  {st['name']}: {st['devices']} devices, collectives: {coll}; kernels: {', '.join(st['kernels']) or '-'}"
+                )
         return "\n".join(lines)
 
 
@@ -297,7 +320,11 @@ def report() -> Report:
         device = dict(d, platform=dev.platform())
     from tpu_kernels import _openmp
 
+    runs, nanos = native().sharded_stats()
+    with LOCAL.lock:
+        sharded = {"steps": list(LOCAL.sharded_steps), "runs": runs, "run_time_s": nanos / 1e9}
     return Report(
+        sharded=sharded,
         openmp=_openmp.state(),
         device=device,
         ops=ops,

@@ -32,6 +32,7 @@ import torch
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 
 from ..errors import TpuKernelsError
+from . import _stats
 from ._native import native
 from ._output import as_tensor
 from .graph import dumps, fx_to_json, graph_constants
@@ -314,6 +315,7 @@ class ShardedStep:
         self.program = native().compile_sharded(
             dumps(fx_to_json(gm, name)), in_sh, out_sh, mesh.size(), refused_kernels()
         )
+        _stats.record_sharded_step(name, mesh.size(), self.collectives, self.kernels)
 
     @property
     def collectives(self) -> dict[str, int]:
