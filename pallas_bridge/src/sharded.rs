@@ -21,7 +21,11 @@ use tpu_kernels_registry::pjrt::{
     Client, ClientOptions, CompileOptions, Input, LoadedExecutable, Plugin, Program,
 };
 
-use crate::torch_bridge::{GraphFailure, export_buffer, import_tensor, lower_graph, runtime};
+use tpu_kernels_registry::graph::ShardSpec;
+
+use crate::torch_bridge::{
+    GraphFailure, ManualLowering, export_buffer, import_tensor, lower_graph_sharded, runtime,
+};
 
 /// Devices of the process's sharded CPU client when `TPUK_CPU_DEVICES` does not say.
 const DEFAULT_DEVICES: usize = 8;
@@ -114,6 +118,9 @@ struct ShardedProgram {
     outputs: Vec<TensorType>,
     kernels: Vec<String>,
     opcodes: BTreeMap<String, usize>,
+    /// Kernels that run per shard in a manually sharded region, keyed by op or kernel name.
+    manual: Vec<(String, ShardSpec)>,
+    lowered: ManualLowering,
 }
 
 #[pymethods]
@@ -149,6 +156,18 @@ impl ShardedProgram {
     #[getter]
     fn output_types(&self) -> Vec<String> {
         self.outputs.iter().map(TensorType::short).collect()
+    }
+
+    /// Kernels that run per shard in a manually sharded region (graph order).
+    #[getter]
+    fn per_shard(&self) -> Vec<String> {
+        self.lowered.per_shard.clone()
+    }
+
+    /// Why a kernel the step asked to run per shard runs whole instead, per node.
+    #[getter]
+    fn notes(&self) -> Vec<String> {
+        self.lowered.notes.clone()
     }
 
     /// The collectives XLA's partitioner put into the per-device program, by HLO opcode.
@@ -243,11 +262,13 @@ impl ShardedProgram {
                 self.devices
             )));
         }
-        let (_, module, _) =
-            lower_graph(rt, &self.json, &self.refused, Platform::Tpu).map_err(failure)?;
+        let (_, module, _, lowered) =
+            lower_graph_sharded(rt, &self.json, &self.refused, Platform::Tpu, self.manual.clone())
+                .map_err(failure)?;
         let text = annotate(module, &self.in_shardings, &self.out_shardings)
             .map_err(PyValueError::new_err)?;
         let mosaic_calls = text.matches("custom_call @tpu_custom_call").count();
+        let text_for_report = text.clone();
         let start = Instant::now();
         let compiled = py
             .detach(|| topo.compile(&Program::text(text), &CompileOptions::spmd(self.devices)))
@@ -263,6 +284,9 @@ impl ShardedProgram {
         d.set_item("executable_bytes", compiled.serialized_size())?;
         d.set_item("compile_ms", start.elapsed().as_secs_f64() * 1e3)?;
         d.set_item("mosaic_calls", mosaic_calls)?;
+        d.set_item("per_shard", lowered.per_shard)?;
+        d.set_item("notes", lowered.notes)?;
+        d.set_item("text", text_for_report)?;
         Ok(d)
     }
 
@@ -277,6 +301,10 @@ impl ShardedProgram {
         )
     }
 }
+
+/// A kernel to run per shard, as Python gives it: op or kernel name, then the dimension cut
+/// of each tensor input and each output (None: whole).
+type ManualSpec = (String, Vec<Option<usize>>, Vec<Option<usize>>);
 
 /// Runs and their time, for `report()`.
 static RUNS: Mutex<(u64, u64)> = Mutex::new((0, 0));
@@ -297,8 +325,13 @@ fn sharded_stats() -> (u64, u64) {
 /// input `i` and output `j` carry XLA shardings `in_shardings[i]` and `out_shardings[j]`
 /// (`"{replicated}"`, `"{devices=[4,1]0,1,2,3}"`, ...); XLA partitions it and inserts the
 /// collectives. `refused` names kernels never to inline.
+///
+/// `manual` lists kernels (by op or kernel name) that run per shard in a manually sharded
+/// region, as `shard_map` runs them: `(name, input dims, output dims)`, each the dimension of
+/// the kernel's tensor input or output cut into `devices` shards (None: whole on every device).
+/// A kernel that cannot take its per-shard call runs whole, with the reason in `notes`.
 #[pyfunction]
-#[pyo3(signature = (json, in_shardings, out_shardings, devices, refused = Vec::new()))]
+#[pyo3(signature = (json, in_shardings, out_shardings, devices, refused = Vec::new(), manual = Vec::new()))]
 fn compile_sharded(
     py: Python<'_>,
     json: &str,
@@ -306,6 +339,7 @@ fn compile_sharded(
     out_shardings: Vec<String>,
     devices: usize,
     refused: Vec<String>,
+    manual: Vec<ManualSpec>,
 ) -> PyResult<ShardedProgram> {
     let rt = runtime(py)?;
     let client = sharded_client().map_err(PyRuntimeError::new_err)?;
@@ -315,7 +349,12 @@ fn compile_sharded(
             client.devices().len()
         )));
     }
-    let (graph, module, kernels) = lower_graph(rt, json, &refused, rt.platform).map_err(failure)?;
+    let manual: Vec<(String, ShardSpec)> = manual
+        .into_iter()
+        .map(|(name, inputs, outputs)| (name, ShardSpec { inputs, outputs, devices }))
+        .collect();
+    let (graph, module, kernels, lowered) =
+        lower_graph_sharded(rt, json, &refused, rt.platform, manual.clone()).map_err(failure)?;
     let main = module.main();
     let (inputs, outputs) = (main.params.clone(), main.results.clone());
     let text = annotate(module, &in_shardings, &out_shardings).map_err(PyValueError::new_err)?;
@@ -341,6 +380,8 @@ fn compile_sharded(
         outputs,
         kernels,
         opcodes,
+        manual,
+        lowered,
     })
 }
 

@@ -29,7 +29,9 @@ use tpu_kernels::registration::{BindingKind, KernelSignature, Platform, StaticKi
 use tpu_kernels::{DType, Shape, TensorType};
 use tpu_kernels_registry::cache::CompileCache;
 use tpu_kernels_registry::dispatch::{dtype_of, upload_input_cached};
-use tpu_kernels_registry::graph::{self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall};
+use tpu_kernels_registry::graph::{
+    self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall, ShardSpec,
+};
 use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program, ViewCache};
 use tpu_kernels_registry::{
     CallMeta, DispatchError, Dispatcher, HostTensor, Index, LendError, Registry, execute_lending,
@@ -483,11 +485,38 @@ struct RecordingResolver {
     inner: IndexResolver,
     /// (node, kernel) in graph order.
     used: RefCell<Vec<(String, String)>>,
+    /// Kernels that run per shard in a manually sharded region (sharded programs), keyed by
+    /// op or kernel name.
+    manual: Vec<(String, ShardSpec)>,
+    /// Kernels run per shard, in graph order, and why a kernel named in `manual` runs whole
+    /// instead, per node.
+    per_shard: RefCell<Vec<String>>,
+    notes: RefCell<Vec<String>>,
+}
+
+impl RecordingResolver {
+    fn manual_spec(&self, call: &OpCall<'_>, kernel: &str) -> Option<&ShardSpec> {
+        let op = normalize_op(call.op());
+        self.manual.iter().find(|(key, _)| key == kernel || normalize_op(key) == op).map(|(_, s)| s)
+    }
 }
 
 impl KernelResolver for RecordingResolver {
     fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall> {
-        let kernel_call = self.inner.resolve(call)?;
+        let mut kernel_call = self.inner.resolve(call)?;
+        if let Some(spec) = self.manual_spec(call, &kernel_call.module.name) {
+            match self.inner.resolve_manual(call, spec) {
+                Ok(manual) => {
+                    self.per_shard.borrow_mut().push(manual.module.name.clone());
+                    kernel_call = manual;
+                }
+                Err(why) => self.notes.borrow_mut().push(format!(
+                    "node `{}` ({}): runs whole, not per shard: {why}",
+                    call.node.name,
+                    call.op()
+                )),
+            }
+        }
         let (node, kernel) = (call.node.name.clone(), kernel_call.module.name.clone());
         let mut used = self.used.borrow_mut();
         match used.iter_mut().find(|(n, _)| *n == node) {
@@ -793,6 +822,26 @@ pub(crate) fn lower_graph(
     refused: &[String],
     platform: Platform,
 ) -> Result<(Graph, tpu_kernels::ir::Module, Vec<String>), GraphFailure> {
+    lower_graph_sharded(rt, json, refused, platform, Vec::new()).map(|(g, m, k, _)| (g, m, k))
+}
+
+/// What became of the kernels a sharded program runs per shard: those that do (kernel names,
+/// in graph order) and why others run whole.
+#[derive(Debug, Default)]
+pub(crate) struct ManualLowering {
+    pub(crate) per_shard: Vec<String>,
+    pub(crate) notes: Vec<String>,
+}
+
+/// [`lower_graph`] for a sharded program: the kernels `manual` names run per shard in a
+/// manually sharded region; also returns why any of them runs whole instead.
+pub(crate) fn lower_graph_sharded(
+    rt: &Runtime,
+    json: &str,
+    refused: &[String],
+    platform: Platform,
+    manual: Vec<(String, ShardSpec)>,
+) -> Result<(Graph, tpu_kernels::ir::Module, Vec<String>, ManualLowering), GraphFailure> {
     let graph = Graph::from_json(json).map_err(|e| e.to_string())?;
     let mut index = rt.dispatcher.registry().index();
     if !refused.is_empty() {
@@ -803,6 +852,9 @@ pub(crate) fn lower_graph(
     let resolver = RecordingResolver {
         inner: IndexResolver::new(index, platform),
         used: RefCell::new(Vec::new()),
+        manual,
+        per_shard: RefCell::new(Vec::new()),
+        notes: RefCell::new(Vec::new()),
     };
     let module = graph::lower(&graph, &resolver).map_err(|e| GraphFailure {
         declined: matches!(
@@ -812,7 +864,11 @@ pub(crate) fn lower_graph(
         message: e.to_string(),
     })?;
     let kernels = resolver.used.into_inner().into_iter().map(|(_, k)| k).collect();
-    Ok((graph, module, kernels))
+    let manual = ManualLowering {
+        per_shard: resolver.per_shard.into_inner(),
+        notes: resolver.notes.into_inner(),
+    };
+    Ok((graph, module, kernels, manual))
 }
 
 fn compile_inner(

@@ -156,6 +156,64 @@ def test_a_zoo_model_trains_a_step_sharded_over_four_devices(layout):
     assert step.compile_for("v5e:2x2")["executable_bytes"] > 0
 
 
+SDPA_PER_SHARD = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": ((0, 0, 0), (0, 0)),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": ((0,) * 6, (0, 0, 0)),
+}
+
+
+def test_attention_kernels_run_per_shard_in_a_manually_sharded_region():
+    """As `shard_map` runs a kernel: the attention kernels (forward and backward) specialised to
+    a quarter of the batch, between `SPMDFullToShardShape` and `SPMDShardToFullShape`; on the
+    CPU their own kernels, for v5e:2x2 the tiled Mosaic ones at the shard's shapes."""
+    model, x, y = _gpt()
+    ref = _reference(model, _loss, (x, y))
+    mesh = tkd.init_device_mesh((4,))
+    step = tkd.compile_step(model, _loss, mesh, example=(x, y), per_shard=SDPA_PER_SHARD, **tkd.data_parallel(mesh))
+    assert step.notes == []
+    assert step.per_shard == ["sdpa_flash_cpu", "sdpa_flash_cpu", "sdpa_flash_cpu_backward", "sdpa_flash_cpu_backward"]
+    text = step.program.text
+    # The forward kernel at the shard's signature: one sequence of the four, 4 heads.
+    assert "custom_call @SPMDFullToShardShape" in text and "custom_call @SPMDShardToFullShape" in text
+    assert "(tensor<4x4x16x16xf32>) -> tensor<1x4x16x16xf32>" in text
+    _check(model, step, (x, y), ref)
+    from tpu_kernels.torch import report
+
+    assert "per shard (manually sharded region): sdpa_flash_cpu" in str(report())
+    _libtpu()
+    tpu = step.compile_for("v5e:2x2")
+    assert tpu["per_shard"] == ["tiled_sdpa_flash", "tiled_sdpa_flash", "tiled_sdpa_flash_backward", "tiled_sdpa_flash_backward"]
+    assert tpu["mosaic_calls"] > 0 and tpu["notes"] == []
+    # The Mosaic calls take the shard's (batch, heads) = (1, 4) rows, not the whole batch's 16.
+    calls = [line for line in tpu["text"].splitlines() if "custom_call @tpu_custom_call" in line]
+    assert calls and all("tensor<4x16x16xf32>" in c and "tensor<16x16x16xf32>" not in c for c in calls), calls
+
+
+def test_a_kernel_that_cannot_run_per_shard_runs_whole_and_says_why():
+    model, x, y = _gpt()
+    ref = _reference(model, _loss, (x, y))
+    eight = tkd.init_device_mesh((8,))
+    # A batch of 4 does not cut into 8 shards: the kernels run whole, the step is still right.
+    step = tkd.compile_step(model, _loss, eight, example=(x, y), per_shard=SDPA_PER_SHARD)
+    assert step.per_shard == []
+    assert len(step.notes) == 4
+    assert "runs whole, not per shard: " in step.notes[0]
+    assert "sdpa_flash_cpu: input 0 f32[4,4,16,16]: dimension 0 of size 4 does not divide into 8 shards" in step.notes[0]
+    _check(model, step, (x, y), ref)
+    four = tkd.init_device_mesh((4,))
+    wrong = {
+        "aten::_scaled_dot_product_flash_attention_for_cpu": ((0, 0), (0, 0)),
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward": ((0,) * 6, (None, 0, 0)),
+    }
+    step = tkd.compile_step(model, _loss, four, example=(x, y), per_shard=wrong)
+    assert step.per_shard == []
+    assert any("the spec names 2 inputs, the kernel takes 3" in n for n in step.notes), step.notes
+    assert any("not independent along the spec's dimensions" in n for n in step.notes), step.notes
+    _check(model, step, (x, y), ref)
+    with pytest.raises(tkd.ShardingError, match=r"per_shard\['aten::x'\] must be \(input dims, output dims\)"):
+        tkd.compile_step(model, _loss, four, example=(x, y), per_shard={"aten::x": 0})
+
+
 def _libtpu():
     import tpu_kernels as tk
 

@@ -68,5 +68,5 @@ mod table;
 pub use fuse::{Fusion, fuse};
 pub use lower::{KernelCall, KernelResolver, LowerError, NoKernels, OpCall, lower};
 pub use model::{Arg, FORMAT_VERSION, Graph, GraphError, Input, Node, TensorRef, dtype_from_torch};
-pub use resolve::{IndexResolver, RegisteredKernels, wrap_module_text};
+pub use resolve::{IndexResolver, RegisteredKernels, ShardSpec, wrap_module_text};
 pub use table::supported_ops;

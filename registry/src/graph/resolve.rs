@@ -297,3 +297,241 @@ pub fn wrap_module_text(
     let outs = b.call_text(&entry, &b.args()).map_err(|e| e.to_string())?;
     b.finish(&post(outs)).map_err(|e| e.to_string())
 }
+
+/// How a kernel runs inside an SPMD program when XLA cannot partition it (a Mosaic call): per
+/// shard, in a manually sharded region. `inputs[i]` / `outputs[j]` name the dimension of the
+/// kernel's tensor input `i` / output `j` that is cut into `devices` equal shards (`None`:
+/// whole on every device); the kernel's work must be independent along those dimensions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardSpec {
+    pub inputs: Vec<Option<usize>>,
+    pub outputs: Vec<Option<usize>>,
+    pub devices: usize,
+}
+
+impl ShardSpec {
+    /// XLA's sharding of a tensor of rank `rank` cut along `dim` over every device (`None`:
+    /// replicated).
+    fn sharding(&self, rank: usize, dim: Option<usize>) -> String {
+        match dim {
+            None => "{replicated}".to_owned(),
+            Some(d) => {
+                let tiles: Vec<String> = (0..rank)
+                    .map(|k| if k == d { self.devices } else { 1 })
+                    .map(|n| n.to_string())
+                    .collect();
+                let ids: Vec<String> = (0..self.devices).map(|i| i.to_string()).collect();
+                format!("{{devices=[{}]{}}}", tiles.join(","), ids.join(","))
+            }
+        }
+    }
+
+    /// `ty` cut along `dim`: the shard's type, or why it cannot be cut.
+    fn shard(&self, ty: &TensorType, dim: Option<usize>, what: &str) -> Result<TensorType, String> {
+        let Some(d) = dim else { return Ok(ty.clone()) };
+        let short = ty.short();
+        let dims =
+            ty.shape.static_dims().ok_or_else(|| format!("{what} {short} has a symbolic shape"))?;
+        let n = self.devices as u64;
+        match dims.get(d) {
+            None => Err(format!("{what} {short} has no dimension {d}")),
+            Some(&size) if size % n != 0 => Err(format!(
+                "{what} {short}: dimension {d} of size {size} does not divide into {n} shards"
+            )),
+            Some(_) => {
+                let mut cut = dims.to_vec();
+                cut[d] /= n;
+                Ok(TensorType::new(ty.dtype, tpu_kernels::Shape::of(&cut)))
+            }
+        }
+    }
+}
+
+impl IndexResolver {
+    /// The kernel for `call` specialised to its per-shard signature under `spec` and wrapped in
+    /// a manually sharded region (`SPMDFullToShardShape`, the kernel at the shard's shapes,
+    /// `SPMDShardToFullShape`), as `shard_map` runs a kernel. `Err` says why no kernel takes the
+    /// per-shard call (the caller then inlines the kernel whole, which is never wrong).
+    pub fn resolve_manual(
+        &self,
+        call: &OpCall<'_>,
+        spec: &ShardSpec,
+    ) -> Result<KernelCall, String> {
+        let op = crate::normalize_op(call.op());
+        let mut reasons = Vec::new();
+        for kernel in self.index.candidates_for(&op, self.platform) {
+            match self.manual_kernel(kernel, call, spec) {
+                Ok(k) => return Ok(k),
+                Err(e) => reasons.push(format!("{}: {e}", kernel.name())),
+            }
+        }
+        if reasons.is_empty() {
+            reasons.push("no kernel binds the op".to_owned());
+        }
+        Err(reasons.join("; "))
+    }
+
+    fn manual_kernel(
+        &self,
+        kernel: &crate::Kernel,
+        call: &OpCall<'_>,
+        spec: &ShardSpec,
+    ) -> Result<KernelCall, String> {
+        let (sig, args) = RegisteredKernels::bind(&kernel.record, call)?;
+        let contiguous = vec![true; sig.inputs.len()];
+        kernel.accepts(&crate::CallMeta {
+            sig: &sig,
+            contiguous: &contiguous,
+            platform: self.platform,
+        })?;
+        if spec.inputs.len() != sig.inputs.len() {
+            return Err(format!(
+                "the spec names {} inputs, the kernel takes {}",
+                spec.inputs.len(),
+                sig.inputs.len()
+            ));
+        }
+        let full_out = kernel.output_types(&sig)?;
+        if spec.outputs.len() != full_out.len() {
+            return Err(format!(
+                "the spec names {} outputs, the kernel has {}",
+                spec.outputs.len(),
+                full_out.len()
+            ));
+        }
+        let shard_in = sig
+            .inputs
+            .iter()
+            .zip(&spec.inputs)
+            .enumerate()
+            .map(|(i, (t, d))| spec.shard(t, *d, &format!("input {i}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shard_sig = KernelSignature { inputs: shard_in.clone(), statics: sig.statics.clone() };
+        let meta =
+            crate::CallMeta { sig: &shard_sig, contiguous: &contiguous, platform: self.platform };
+        kernel.accepts(&meta).map_err(|e| format!("at the shard's signature: {e}"))?;
+        let shard_out = kernel.output_types(&shard_sig)?;
+        for (j, ((full, got), d)) in full_out.iter().zip(&shard_out).zip(&spec.outputs).enumerate()
+        {
+            let want = spec.shard(full, *d, &format!("output {j}"))?;
+            if &want != got {
+                return Err(format!(
+                    "output {j} is {} at the shard's signature, not {}: the kernel's work is \
+                     not independent along the spec's dimensions",
+                    got.short(),
+                    want.short()
+                ));
+            }
+        }
+        let module = self
+            .module_for(kernel, &shard_sig)
+            .ok_or_else(|| format!("no {:?} module at the shard's signature", self.platform))?;
+        let text = module.to_text();
+        let name = kernel.name();
+        let parsed = tpu_kernels::reader::parse_module(&text).map_err(|e| e.to_string())?;
+        let functions =
+            parsed.functions_for_inlining(&format!("{name}_shard")).map_err(|e| e.to_string())?;
+        let b = tpu_kernels::KernelBuilder::new(name, &sig.inputs);
+        let mut entry = None;
+        for f in functions {
+            if f.is_entry {
+                entry = Some(f.name.clone());
+            }
+            let signature = tpu_kernels::ir::Signature {
+                params: f.args.iter().map(|a| a.ty.clone()).collect(),
+                results: f.results.iter().map(|a| a.ty.clone()).collect(),
+            };
+            b.add_text_function(tpu_kernels::ir::TextFunction {
+                name: f.name,
+                signature,
+                text: f.text,
+            })
+            .map_err(|e| e.to_string())?;
+        }
+        let entry = entry.ok_or_else(|| format!("kernel `{name}`: module has no entry"))?;
+        let region = format!("{name}_manual");
+        let text = manual_region_text(
+            &region,
+            &entry,
+            spec,
+            &sig.inputs,
+            &shard_in,
+            &full_out,
+            &shard_out,
+        );
+        b.add_text_function(tpu_kernels::ir::TextFunction {
+            name: region.clone(),
+            signature: tpu_kernels::ir::Signature { params: sig.inputs.clone(), results: full_out },
+            text,
+        })
+        .map_err(|e| e.to_string())?;
+        let outs = b.call_text(&region, &b.args()).map_err(|e| e.to_string())?;
+        let module = b.finish(&outs).map_err(|e| e.to_string())?;
+        Ok(KernelCall { module, args })
+    }
+}
+
+/// `func.func private @{region}`: full-shape arguments made manual (cut as `spec` says), the
+/// kernel's `entry` called at the shard's shapes, its results made full again.
+fn manual_region_text(
+    region: &str,
+    entry: &str,
+    spec: &ShardSpec,
+    full_in: &[TensorType],
+    shard_in: &[TensorType],
+    full_out: &[TensorType],
+    shard_out: &[TensorType],
+) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let params: Vec<String> =
+        full_in.iter().enumerate().map(|(i, t)| format!("%arg{i}: {t}")).collect();
+    let results: Vec<String> = full_out.iter().map(ToString::to_string).collect();
+    let _ = writeln!(
+        s,
+        "func.func private @{region}({}) -> ({}) {{",
+        params.join(", "),
+        results.join(", ")
+    );
+    let mut manual = Vec::with_capacity(full_in.len());
+    for (i, ((full, shard), d)) in full_in.iter().zip(shard_in).zip(&spec.inputs).enumerate() {
+        let sharding = spec.sharding(full.shape.rank(), *d);
+        let _ = writeln!(
+            s,
+            "  %in{i} = stablehlo.custom_call @Sharding(%arg{i}) {{mhlo.sharding = \"{sharding}\"}} : ({full}) -> {full}"
+        );
+        let _ = writeln!(
+            s,
+            "  %shard{i} = stablehlo.custom_call @SPMDFullToShardShape(%in{i}) {{mhlo.sharding = \"{{manual}}\"}} : ({full}) -> {shard}"
+        );
+        manual.push(format!("%shard{i}"));
+    }
+    let shard_in_types: Vec<String> = shard_in.iter().map(ToString::to_string).collect();
+    let shard_out_types: Vec<String> = shard_out.iter().map(ToString::to_string).collect();
+    let n = shard_out.len();
+    let lhs = if n == 1 { "%r".to_owned() } else { format!("%r:{n}") };
+    let _ = writeln!(
+        s,
+        "  {lhs} = func.call @{entry}({}) : ({}) -> ({})",
+        manual.join(", "),
+        shard_in_types.join(", "),
+        shard_out_types.join(", ")
+    );
+    let mut outs = Vec::with_capacity(n);
+    for (j, ((full, shard), d)) in full_out.iter().zip(shard_out).zip(&spec.outputs).enumerate() {
+        let r = if n == 1 { "%r".to_owned() } else { format!("%r#{j}") };
+        let sharding = spec.sharding(full.shape.rank(), *d);
+        let _ = writeln!(
+            s,
+            "  %m{j} = stablehlo.custom_call @Sharding({r}) {{mhlo.sharding = \"{{manual}}\"}} : ({shard}) -> {shard}"
+        );
+        let _ = writeln!(
+            s,
+            "  %out{j} = stablehlo.custom_call @SPMDShardToFullShape(%m{j}) {{mhlo.sharding = \"{sharding}\"}} : ({shard}) -> {full}"
+        );
+        outs.push(format!("%out{j}"));
+    }
+    let _ = writeln!(s, "  return {} : {}", outs.join(", "), results.join(", "));
+    s.push('}');
+    s
+}

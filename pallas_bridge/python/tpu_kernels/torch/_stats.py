@@ -110,11 +110,18 @@ def record_graph(name: str, kernels: list[str], n_nodes: int, eager: dict[str, s
             LOCAL.eager_reasons[op] = why
 
 
-def record_sharded_step(name: str, devices: int, collectives: dict, kernels: list[str]) -> None:
+def record_sharded_step(
+    name: str, devices: int, collectives: dict, kernels: list[str], per_shard: list[str], notes: list[str]
+) -> None:
     with LOCAL.lock:
-        LOCAL.sharded_steps.append(
-            {"name": name, "devices": devices, "collectives": dict(collectives), "kernels": list(kernels)}
-        )
+        LOCAL.sharded_steps.append({
+            "name": name,
+            "devices": devices,
+            "collectives": dict(collectives),
+            "kernels": list(kernels),
+            "per_shard": list(per_shard),
+            "notes": list(notes),
+        })
 
 
 @dataclass
@@ -276,6 +283,10 @@ class Report:
                 lines.append(
                     f"  {st['name']}: {st['devices']} devices, collectives: {coll}; kernels: {', '.join(st['kernels']) or '-'}"
                 )
+                if st["per_shard"]:
+                    lines.append(f"    per shard (manually sharded region): {', '.join(st['per_shard'])}")
+                for note in st["notes"]:
+                    lines.append(f"    {note[:200]}")
         return "\n".join(lines)
 
 

@@ -257,7 +257,9 @@ class _LossModule(torch.nn.Module):
 class ShardedStep:
     """One compiled training step over a mesh (see :func:`compile_step`)."""
 
-    def __init__(self, model, loss_fn, mesh: DeviceMesh, params: ParamPlan, inputs, example, name: str) -> None:
+    def __init__(
+        self, model, loss_fn, mesh: DeviceMesh, params: ParamPlan, inputs, example, name: str, per_shard=None
+    ) -> None:
         from torch.fx.experimental.proxy_tensor import make_fx
 
         from ._bindings import refused_kernels
@@ -312,15 +314,35 @@ class ShardedStep:
         self.constants = graph_constants(gm)
         in_sh += ["{replicated}"] * len(self.constants)
         out_sh = ["{replicated}"] + in_sh[:n_params]
+        manual = []
+        for key, dims in (per_shard or {}).items():
+            try:
+                ins, outs = dims
+                manual.append((key, [None if d is None else int(d) for d in ins], [None if d is None else int(d) for d in outs]))
+            except (TypeError, ValueError):
+                raise ShardingError(
+                    f"per_shard[{key!r}] must be (input dims, output dims), each a dimension or None, not {dims!r}"
+                ) from None
         self.program = native().compile_sharded(
-            dumps(fx_to_json(gm, name)), in_sh, out_sh, mesh.size(), refused_kernels()
+            dumps(fx_to_json(gm, name)), in_sh, out_sh, mesh.size(), refused_kernels(), manual
         )
-        _stats.record_sharded_step(name, mesh.size(), self.collectives, self.kernels)
+        _stats.record_sharded_step(name, mesh.size(), self.collectives, self.kernels, self.per_shard, self.notes)
 
     @property
     def collectives(self) -> dict[str, int]:
         """The collectives XLA's partitioner inserted, by HLO opcode."""
         return dict(self.program.collectives)
+
+    @property
+    def per_shard(self) -> list[str]:
+        """Kernels that run per shard in a manually sharded region (see ``per_shard`` of
+        :func:`compile_step`), in graph order."""
+        return list(self.program.per_shard)
+
+    @property
+    def notes(self) -> list[str]:
+        """Why a kernel asked to run per shard runs whole instead (one line per node)."""
+        return list(self.program.notes)
 
     @property
     def kernels(self) -> list[str]:
@@ -363,6 +385,7 @@ def compile_step(
     inputs: Placement | Sequence[Placement] | Sequence[Sequence[Placement]] | None = None,
     example: Sequence[torch.Tensor],
     name: str = "sharded_step",
+    per_shard: dict[str, tuple[Sequence[int | None], Sequence[int | None]]] | None = None,
 ) -> ShardedStep:
     """Traces ``loss_fn(model, *example)`` and its gradients with respect to every parameter into
     one program sharded over ``mesh``.
@@ -371,5 +394,14 @@ def compile_step(
     parameter; None or a missing name: replicated); ``inputs`` one set of placements for every
     input, or one per input. A plan (:func:`data_parallel`, :func:`fully_sharded`,
     :func:`tensor_parallel`) gives both. The step's shapes are those of ``example``.
+
+    ``per_shard`` runs kernels as ``shard_map`` runs them: for each op (or kernel name) it
+    names, the kernel binding it runs in a manually sharded region, specialised to the
+    per-shard signature, with ``(input dims, output dims)`` giving the dimension of each of the
+    kernel's tensor inputs and outputs cut over every device of the mesh (None: whole on every
+    device). This is how a Mosaic kernel, which XLA cannot partition, does sharded work (XLA
+    otherwise gathers its operands and runs it whole on every device); on the CPU the kernel's
+    twin runs in the same region. A kernel that cannot take its per-shard call runs whole, with
+    the reason in :attr:`ShardedStep.notes`.
     """
-    return ShardedStep(model, loss_fn, mesh, params or {}, inputs, example, name)
+    return ShardedStep(model, loss_fn, mesh, params or {}, inputs, example, name, per_shard)
