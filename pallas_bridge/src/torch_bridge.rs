@@ -495,17 +495,21 @@ struct RecordingResolver {
 }
 
 impl RecordingResolver {
-    fn manual_spec(&self, call: &OpCall<'_>, kernel: &str) -> Option<&ShardSpec> {
+    /// The spec naming the call's op, or the kernel it resolved to (then that kernel only).
+    fn manual_spec(&self, call: &OpCall<'_>, kernel: &str) -> Option<(&ShardSpec, Option<&str>)> {
         let op = normalize_op(call.op());
-        self.manual.iter().find(|(key, _)| key == kernel || normalize_op(key) == op).map(|(_, s)| s)
+        if let Some((key, s)) = self.manual.iter().find(|(key, _)| key == kernel) {
+            return Some((s, Some(key.as_str())));
+        }
+        self.manual.iter().find(|(key, _)| normalize_op(key) == op).map(|(_, s)| (s, None))
     }
 }
 
 impl KernelResolver for RecordingResolver {
     fn resolve(&self, call: &OpCall<'_>) -> Option<KernelCall> {
         let mut kernel_call = self.inner.resolve(call)?;
-        if let Some(spec) = self.manual_spec(call, &kernel_call.module.name) {
-            match self.inner.resolve_manual(call, spec) {
+        if let Some((spec, only)) = self.manual_spec(call, &kernel_call.module.name) {
+            match self.inner.resolve_manual(call, spec, only) {
                 Ok(manual) => {
                     self.per_shard.borrow_mut().push(manual.module.name.clone());
                     kernel_call = manual;

@@ -164,14 +164,16 @@ SDPA_PER_SHARD = {
 
 def test_attention_kernels_run_per_shard_in_a_manually_sharded_region():
     """As `shard_map` runs a kernel: the attention kernels (forward and backward) specialised to
-    a quarter of the batch, between `SPMDFullToShardShape` and `SPMDShardToFullShape`; on the
-    CPU their own kernels, for v5e:2x2 the tiled Mosaic ones at the shard's shapes."""
+    a quarter of the batch, between `SPMDFullToShardShape` and `SPMDShardToFullShape`: for
+    v5e:2x2 the tiled Mosaic kernels at the shard's shapes, on the CPU their twins."""
     model, x, y = _gpt()
     ref = _reference(model, _loss, (x, y))
     mesh = tkd.init_device_mesh((4,))
     step = tkd.compile_step(model, _loss, mesh, example=(x, y), per_shard=SDPA_PER_SHARD, **tkd.data_parallel(mesh))
     assert step.notes == []
-    assert step.per_shard == ["sdpa_flash_cpu", "sdpa_flash_cpu", "sdpa_flash_cpu_backward", "sdpa_flash_cpu_backward"]
+    # On the CPU, the twins of the tiled kernels the TPU program runs, in the same regions.
+    tiled = ["tiled_sdpa_flash", "tiled_sdpa_flash", "tiled_sdpa_flash_backward", "tiled_sdpa_flash_backward"]
+    assert step.per_shard == tiled
     text = step.program.text
     # The forward kernel at the shard's signature: one sequence of the four, 4 heads.
     assert "custom_call @SPMDFullToShardShape" in text and "custom_call @SPMDShardToFullShape" in text
@@ -179,10 +181,10 @@ def test_attention_kernels_run_per_shard_in_a_manually_sharded_region():
     _check(model, step, (x, y), ref)
     from tpu_kernels.torch import report
 
-    assert "per shard (manually sharded region): sdpa_flash_cpu" in str(report())
+    assert "per shard (manually sharded region): tiled_sdpa_flash" in str(report())
     _libtpu()
     tpu = step.compile_for("v5e:2x2")
-    assert tpu["per_shard"] == ["tiled_sdpa_flash", "tiled_sdpa_flash", "tiled_sdpa_flash_backward", "tiled_sdpa_flash_backward"]
+    assert tpu["per_shard"] == tiled
     assert tpu["mosaic_calls"] > 0 and tpu["notes"] == []
     # The Mosaic calls take the shard's (batch, heads) = (1, 4) rows, not the whole batch's 16.
     calls = [line for line in tpu["text"].splitlines() if "custom_call @tpu_custom_call" in line]
@@ -198,7 +200,7 @@ def test_a_kernel_that_cannot_run_per_shard_runs_whole_and_says_why():
     assert step.per_shard == []
     assert len(step.notes) == 4
     assert "runs whole, not per shard: " in step.notes[0]
-    assert "sdpa_flash_cpu: input 0 f32[4,4,16,16]: dimension 0 of size 4 does not divide into 8 shards" in step.notes[0]
+    assert "tiled_sdpa_flash: input 0 f32[4,4,16,16]: dimension 0 of size 4 does not divide into 8 shards" in step.notes[0]
     _check(model, step, (x, y), ref)
     four = tkd.init_device_mesh((4,))
     wrong = {

@@ -352,14 +352,20 @@ impl IndexResolver {
     /// a manually sharded region (`SPMDFullToShardShape`, the kernel at the shard's shapes,
     /// `SPMDShardToFullShape`), as `shard_map` runs a kernel. `Err` says why no kernel takes the
     /// per-shard call (the caller then inlines the kernel whole, which is never wrong).
+    ///
+    /// The kernel is the one the TPU would run (tiled kernels first), built for this resolver's
+    /// platform: on the CPU, a tiled kernel's twin runs in the region its Mosaic call runs in
+    /// on the TPU. `only` restricts the choice to the kernel of that name.
     pub fn resolve_manual(
         &self,
         call: &OpCall<'_>,
         spec: &ShardSpec,
+        only: Option<&str>,
     ) -> Result<KernelCall, String> {
         let op = crate::normalize_op(call.op());
         let mut reasons = Vec::new();
-        for kernel in self.index.candidates_for(&op, self.platform) {
+        let candidates = self.index.candidates_for(&op, tpu_kernels::registration::Platform::Tpu);
+        for kernel in candidates.into_iter().filter(|k| only.is_none_or(|n| k.name() == n)) {
             match self.manual_kernel(kernel, call, spec) {
                 Ok(k) => return Ok(k),
                 Err(e) => reasons.push(format!("{}: {e}", kernel.name())),
