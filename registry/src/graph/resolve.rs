@@ -265,18 +265,16 @@ fn imported_wrapper(
     wrap_module_text(kernel.name(), &sig.inputs, &text, |outs| outs)
 }
 
-/// A module named `name` over `inputs` whose `@main` calls `text`'s entry (its functions
-/// inlined as private functions prefixed `{name}_impl`) and returns `post` of its results.
-pub fn wrap_module_text(
+/// Adds `text`'s functions to `b` as private text functions prefixed `prefix`; returns the name
+/// of its entry.
+fn inline_text(
+    b: &tpu_kernels::KernelBuilder,
     name: &str,
-    inputs: &[TensorType],
     text: &str,
-    post: impl for<'b> FnOnce(Vec<tpu_kernels::Tensor<'b>>) -> Vec<tpu_kernels::Tensor<'b>>,
-) -> Result<tpu_kernels::Module, String> {
+    prefix: &str,
+) -> Result<String, String> {
     let parsed = tpu_kernels::reader::parse_module(text).map_err(|e| e.to_string())?;
-    let functions =
-        parsed.functions_for_inlining(&format!("{name}_impl")).map_err(|e| e.to_string())?;
-    let b = tpu_kernels::KernelBuilder::new(name, inputs);
+    let functions = parsed.functions_for_inlining(prefix).map_err(|e| e.to_string())?;
     let mut entry = None;
     for f in functions {
         if f.is_entry {
@@ -293,7 +291,19 @@ pub fn wrap_module_text(
         })
         .map_err(|e| e.to_string())?;
     }
-    let entry = entry.ok_or_else(|| format!("kernel `{name}`: module has no entry"))?;
+    entry.ok_or_else(|| format!("kernel `{name}`: module has no entry"))
+}
+
+/// A module named `name` over `inputs` whose `@main` calls `text`'s entry (its functions
+/// inlined as private functions prefixed `{name}_impl`) and returns `post` of its results.
+pub fn wrap_module_text(
+    name: &str,
+    inputs: &[TensorType],
+    text: &str,
+    post: impl for<'b> FnOnce(Vec<tpu_kernels::Tensor<'b>>) -> Vec<tpu_kernels::Tensor<'b>>,
+) -> Result<tpu_kernels::Module, String> {
+    let b = tpu_kernels::KernelBuilder::new(name, inputs);
+    let entry = inline_text(&b, name, text, &format!("{name}_impl"))?;
     let outs = b.call_text(&entry, &b.args()).map_err(|e| e.to_string())?;
     b.finish(&post(outs)).map_err(|e| e.to_string())
 }
@@ -434,27 +444,8 @@ impl IndexResolver {
             .ok_or_else(|| format!("no {:?} module at the shard's signature", self.platform))?;
         let text = module.to_text();
         let name = kernel.name();
-        let parsed = tpu_kernels::reader::parse_module(&text).map_err(|e| e.to_string())?;
-        let functions =
-            parsed.functions_for_inlining(&format!("{name}_shard")).map_err(|e| e.to_string())?;
         let b = tpu_kernels::KernelBuilder::new(name, &sig.inputs);
-        let mut entry = None;
-        for f in functions {
-            if f.is_entry {
-                entry = Some(f.name.clone());
-            }
-            let signature = tpu_kernels::ir::Signature {
-                params: f.args.iter().map(|a| a.ty.clone()).collect(),
-                results: f.results.iter().map(|a| a.ty.clone()).collect(),
-            };
-            b.add_text_function(tpu_kernels::ir::TextFunction {
-                name: f.name,
-                signature,
-                text: f.text,
-            })
-            .map_err(|e| e.to_string())?;
-        }
-        let entry = entry.ok_or_else(|| format!("kernel `{name}`: module has no entry"))?;
+        let entry = inline_text(&b, name, &text, &format!("{name}_shard"))?;
         let region = format!("{name}_manual");
         let text = manual_region_text(
             &region,

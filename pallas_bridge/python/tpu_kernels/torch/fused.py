@@ -487,6 +487,17 @@ class FusedMode(TorchDispatchMode):
                 self.flush("internal error")
             return func(*args, **kwargs)
 
+    def _types_like(self, f, args, kwargs, target: torch.Tensor):
+        """The output types of `f` on these arguments when it has one output, of `target`'s
+        shape and dtype (its functional form can write into `target`), else None."""
+        types = self._output_types(f, args, kwargs)
+        if types is None or len(types[0]) != 1 or not types[3][0]:
+            return None
+        (shape, dtype), = types[0]
+        if shape != tuple(target.shape) or dtype != target.dtype:
+            return None
+        return types
+
     def _functional_of(self, func):
         """The functional overload of in-place op `func` (`add_.Scalar` -> `add.Scalar`) when a
         graph lowers it, else None."""
@@ -565,11 +576,8 @@ class FusedMode(TorchDispatchMode):
         views = self._direct_views(root)
         if views is None:
             return None
-        types = self._output_types(f, args, kwargs)
-        if types is None or len(types[0]) != 1 or not types[3][0]:
-            return None
-        (shape, dtype), = types[0]
-        if shape != tuple(target.shape) or dtype != target.dtype:
+        types = self._types_like(f, args, kwargs, target)
+        if types is None:
             return None
         if view_func is None:
             self._retire(base)
@@ -579,7 +587,7 @@ class FusedMode(TorchDispatchMode):
             if b is None:
                 return None
             dim, start, end, step, select = b
-            value = torch.empty(shape, dtype=dtype, device=target.device)
+            value = torch.empty(target.shape, dtype=target.dtype, device=target.device)
             self._record(f, args, kwargs, [value], alias=False, short=types[1])
             if select:
                 value = self._record_view(torch.ops.aten.unsqueeze.default, (value, dim))
@@ -675,11 +683,8 @@ class FusedMode(TorchDispatchMode):
         target = args[0]
         if not self._writable(target):
             return None
-        types = self._output_types(f, args, kwargs)
-        if types is None or len(types[0]) != 1 or not types[3][0]:
-            return None
-        (shape, dtype), = types[0]
-        if shape != tuple(target.shape) or dtype != target.dtype:
+        types = self._types_like(f, args, kwargs, target)
+        if types is None:
             return None
         self._retire(target)
         self._record(f, args, kwargs, [target], alias=False, short=types[1])
