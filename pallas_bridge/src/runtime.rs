@@ -17,13 +17,23 @@ pub fn cache() -> Arc<CompileCache> {
     CACHE.get_or_init(|| Arc::new(CompileCache::new(CacheConfig::from_env()))).clone()
 }
 
-/// The shared PJRT CPU client.
+/// Whether the shared CPU client hands executions to the plugin's worker thread: only with
+/// `TPUK_CPU_ASYNC=1`. By default each program runs on the thread that calls it, which every
+/// path waits on anyway (a torch tensor's memory is read as soon as the call returns), and a
+/// small call skips a thread wake ([`ClientOptions::asynchronous`]).
+pub fn cpu_async() -> bool {
+    static ASYNC: OnceLock<bool> = OnceLock::new();
+    *ASYNC.get_or_init(|| std::env::var("TPUK_CPU_ASYNC").is_ok_and(|v| v == "1"))
+}
+
+/// The shared PJRT CPU client (one device; executions on the calling thread unless
+/// [`cpu_async`]).
 pub fn cpu_client(py: Python<'_>) -> PyResult<Client> {
     static CLIENT: OnceLock<Result<Client, String>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
             Plugin::cpu()
-                .and_then(|p| Client::new(&p, ClientOptions::new()))
+                .and_then(|p| Client::new(&p, ClientOptions::new().asynchronous(cpu_async())))
                 .map_err(|e| e.to_string())
         })
         .clone()

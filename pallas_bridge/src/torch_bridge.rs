@@ -1120,6 +1120,10 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     d.set_item("ops", ops)?;
     d.set_item("kernel_time_s", s.kernel_time.as_secs_f64())?;
     d.set_item("prepare_time_s", s.prepare_time.as_secs_f64())?;
+    d.set_item(
+        "cpu_execution",
+        if crate::runtime::cpu_async() { "worker thread" } else { "calling thread" },
+    )?;
     let c = rt.cache.stats();
     let cache = PyDict::new(py);
     cache.set_item("memory_hits", c.memory_hits)?;

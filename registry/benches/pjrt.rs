@@ -2,7 +2,9 @@
 //! tiny round trip, execute alone, in-place read, a 64 MiB elementwise kernel with donation
 //! against memcpy in the same run, the same kernel writing a fresh output and writing into
 //! reused host memory lent to it (`execute_lending`: how eager calls update tensors in place),
-//! and compile times.
+//! and compile times. The client runs programs on the calling thread, as the Python package's
+//! does (`ClientOptions::asynchronous(false)`); one row times a small program through a client
+//! with the plugin's default worker thread beside it, in the same run.
 //!
 //! The memcpy baseline is the faster of a single-threaded `copy_from_slice` and the same copy
 //! split in one chunk per CPU over as many threads (`std::thread::scope`), as
@@ -28,6 +30,14 @@ const ADD: &str = r#"
 func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
   %0 = stablehlo.add %a, %b : tensor<4xf32>
   return %0 : tensor<4xf32>
+}"#;
+
+// A small program with enough work that the plugin's default hands it to its worker thread.
+const SILU_64X256: &str = r#"
+func.func @main(%x: tensor<64x256xf32>) -> tensor<64x256xf32> {
+  %0 = stablehlo.logistic %x : tensor<64x256xf32>
+  %1 = stablehlo.multiply %x, %0 : tensor<64x256xf32>
+  return %1 : tensor<64x256xf32>
 }"#;
 
 const N_64MIB: usize = 16 * 1024 * 1024; // f32 elements in 64 MiB
@@ -114,6 +124,10 @@ struct Setup {
     inplace: LoadedExecutable,
     fresh: LoadedExecutable,
     into_lent: LoadedExecutable,
+    silu: LoadedExecutable,
+    // The same plugin's client with its default: executions on a worker thread.
+    worker: Client,
+    worker_silu: LoadedExecutable,
 }
 
 fn setup() -> Option<Setup> {
@@ -124,12 +138,16 @@ fn setup() -> Option<Setup> {
             return None;
         }
     };
-    let client = Client::new(&plugin, ClientOptions::new().cpu_device_count(1)).ok()?;
+    let options = ClientOptions::new().cpu_device_count(1);
+    let client = Client::new(&plugin, options.clone().asynchronous(false)).ok()?;
+    let worker = Client::new(&plugin, options).ok()?;
+    let silu = client.compile(&Program::text(SILU_64X256), &CompileOptions::new()).ok()?;
+    let worker_silu = worker.compile(&Program::text(SILU_64X256), &CompileOptions::new()).ok()?;
     let add = client.compile(&Program::text(ADD), &CompileOptions::new()).ok()?;
     let inplace = client.compile(&Program::text(inplace_add_one()), &CompileOptions::new()).ok()?;
     let fresh = client.compile(&Program::text(add_one(false)), &CompileOptions::new()).ok()?;
     let into_lent = client.compile(&Program::text(add_one(true)), &CompileOptions::new()).ok()?;
-    Some(Setup { client, add, inplace, fresh, into_lent })
+    Some(Setup { client, add, inplace, fresh, into_lent, silu, worker, worker_silu })
 }
 
 fn round_trip(s: &Setup, a: &[f32; 4], b: &[f32; 4]) -> f32 {
@@ -260,6 +278,22 @@ fn summary(s: &Setup) {
     let read = median(41, 2000, || {
         black_box(out[0].read_in_place_as::<f32, _>(|v| v[0]).expect("read"));
     });
+    let xs = vec![0.5f32; 64 * 256];
+    let on_caller = s.client.buffer_from_host(&xs, &[64, 256]).expect("upload");
+    let on_worker = s.worker.buffer_from_host(&xs, &[64, 256]).expect("upload");
+    // Alternating batches, so that both clients see the same machine.
+    let (mut caller_runs, mut worker_runs) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        caller_runs.push(median(9, 200, || {
+            black_box(s.silu.execute(&[&on_caller]).expect("execute"));
+        }));
+        worker_runs.push(median(9, 200, || {
+            black_box(s.worker_silu.execute(&[&on_worker]).expect("execute"));
+        }));
+    }
+    caller_runs.sort();
+    worker_runs.sort();
+    let (silu_caller, silu_worker) = (caller_runs[2], worker_runs[2]);
     let mut small = [0.0f32; 4];
     let transfer = median(21, 100, || {
         out[0].to_host_via_transfer(&mut small).expect("transfer");
@@ -329,6 +363,20 @@ fn summary(s: &Setup) {
         us(exec),
         "<= 4 us",
         verdict(us(exec) <= 4.0)
+    );
+    println!(
+        "{:<52} {:>9.2} us {:>14} {:>7}",
+        "f32[64,256] x*sigmoid(x), execute (+ wait) on the caller",
+        us(silu_caller),
+        "",
+        ""
+    );
+    println!(
+        "{:<52} {:>9.2} us {:>14} {:>7}",
+        "  the same on the plugin's worker thread (its default)",
+        us(silu_worker),
+        "",
+        ""
     );
     println!("{:<52} {:>9.3} us {:>14} {:>7}", "read in place", us(read), "~0.2 us", "");
     println!(

@@ -89,3 +89,51 @@ fn unregistered_target_is_a_compile_error() {
         .unwrap_err();
     assert!(err.pjrt_message().unwrap_or_default().contains("tpuk_never_registered"), "{err}");
 }
+
+static RAN_ON: std::sync::Mutex<Option<std::thread::ThreadId>> = std::sync::Mutex::new(None);
+
+struct RecordsThread;
+
+impl HostFunction for RecordsThread {
+    fn call(call: &mut HostCall<'_>) -> Result<(), String> {
+        *RAN_ON.lock().unwrap() = Some(std::thread::current().id());
+        let x = call.arg(0)?.as_slice::<f32>()?;
+        call.take_result(0)?.into_slice::<f32>()?.copy_from_slice(x);
+        Ok(())
+    }
+}
+
+/// `asynchronous(false)` runs a program on the thread that executes it: the execution is done
+/// when `execute_async` returns. The program is large enough (16k logistic elements) that the
+/// plugin's default would hand it to its worker thread.
+#[test]
+fn a_synchronous_client_runs_programs_on_the_calling_thread() {
+    use tpu_kernels_registry::pjrt::{ClientOptions, Input};
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let plugin = client.plugin();
+    let sync = tpu_kernels_registry::pjrt::Client::new(
+        &plugin,
+        ClientOptions::new().cpu_device_count(1).asynchronous(false),
+    )
+    .unwrap();
+    register_host_function::<RecordsThread>(&plugin, "tpuk_test_records_thread").unwrap();
+    let text = r#"
+func.func @main(%x: tensor<2x3xf32>, %y: tensor<64x256xf32>) -> (tensor<2x3xf32>, tensor<64x256xf32>) {
+  %0 = stablehlo.custom_call @tpuk_test_records_thread(%x) {api_version = 4 : i32} : (tensor<2x3xf32>) -> tensor<2x3xf32>
+  %1 = stablehlo.logistic %y : tensor<64x256xf32>
+  %2 = stablehlo.multiply %y, %1 : tensor<64x256xf32>
+  return %0, %2 : tensor<2x3xf32>, tensor<64x256xf32>
+}"#;
+    let exe = sync.compile(&Program::text(text), &CompileOptions::new()).unwrap();
+    let x = sync.buffer_from_host(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap();
+    let y = sync.buffer_from_host(&vec![0.0f32; 64 * 256], &[64, 256]).unwrap();
+    for _ in 0..3 {
+        *RAN_ON.lock().unwrap() = None;
+        let run = exe.execute_async(vec![Input::Borrowed(&x), Input::Borrowed(&y)]).unwrap();
+        assert!(run.is_ready().unwrap(), "the run was not done when execute returned");
+        assert_eq!(*RAN_ON.lock().unwrap(), Some(std::thread::current().id()));
+        let out = run.wait().unwrap().pop().unwrap();
+        assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        assert!(out[1].to_vec::<f32>().unwrap().iter().all(|v| *v == 0.0));
+    }
+}

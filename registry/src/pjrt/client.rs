@@ -42,6 +42,17 @@ impl ClientOptions {
         self.option("cpu_device_count", OptionValue::Int64(count))
     }
 
+    /// Whether the CPU plugin runs an execution on a worker thread (`asynchronous`, a bool;
+    /// the plugin's default is `true`). With `false`, `PJRT_LoadedExecutable_Execute` runs the
+    /// program on the calling thread and returns once it is done (its events are ready), which
+    /// saves waking a worker for each call: on a 2-core VM, a program of 256 or more elements
+    /// took 50-160 us a call through the worker and 6-20 us on the caller (docs/perf-log.md,
+    /// 2026-12-04). A program whose devices wait on each other (collectives over several CPU
+    /// devices) needs `true`: one calling thread runs the devices one after another.
+    pub fn asynchronous(self, on: bool) -> Self {
+        self.option("asynchronous", OptionValue::Bool(on))
+    }
+
     /// Any other named option.
     pub fn option(mut self, name: impl Into<String>, value: OptionValue) -> Self {
         let name = name.into();

@@ -152,6 +152,9 @@ class Report:
     # the collectives XLA's partitioner inserted and the kernels inlined; `runs` and `run_time_s`
     # of their programs (the run on every device, shards uploaded, outputs back).
     sharded: dict | None = None
+    # Where the shared PJRT CPU client runs a program: "calling thread" (the default) or
+    # "worker thread" (`TPUK_CPU_ASYNC=1`, the plugin's own default).
+    cpu_execution: str = "calling thread"
 
     def substituted(self, op: str | None = None) -> int:
         if op is None:
@@ -236,6 +239,8 @@ class Report:
                     + ", ".join(f"{op} x{n}" for op, n in top[:12])
                     + (f", ... ({len(top) - 12} more ops)" if len(top) > 12 else "")
                 )
+        if self.cpu_execution != "calling thread":
+            lines.append(f"PJRT CPU client: programs run on a {self.cpu_execution} (TPUK_CPU_ASYNC=1)")
         if self.openmp and self.openmp.get("spin") == "default":
             lines.append(f"OpenMP: {self.openmp['detail']}")
         if self.errors():
@@ -336,6 +341,7 @@ def report() -> Report:
         sharded = {"steps": list(LOCAL.sharded_steps), "runs": runs, "run_time_s": nanos / 1e9}
     return Report(
         sharded=sharded,
+        cpu_execution=s["cpu_execution"],
         openmp=_openmp.state(),
         device=device,
         ops=ops,
