@@ -1,6 +1,6 @@
 //! Every builder misuse is an error naming the kernel, the op and the types; never a panic.
 
-use tpu_kernels::ir::{BinaryOp, ConvDims, ConvWindow, Direction, DotDims, UnaryOp};
+use tpu_kernels::ir::{BinaryOp, ConvDims, ConvWindow, Direction, DotDims, GatherDims, UnaryOp};
 use tpu_kernels::literal::LiteralData;
 use tpu_kernels::{BuildError, DType, Dim, ErrorKind, KernelBuilder, Shape, Tensor, TensorType};
 
@@ -485,5 +485,83 @@ fn array_style_axis_errors_name_the_axis() {
         b.finish(&[s]),
         ErrorKind::Axis,
         &["stablehlo.reduce", "axis 2 out of range for rank 2"],
+    );
+}
+
+fn gather_dims(offset: &[i64], collapsed: &[i64], map: &[i64], ivd: i64) -> GatherDims {
+    GatherDims {
+        offset_dims: offset.to_vec(),
+        collapsed_slice_dims: collapsed.to_vec(),
+        start_index_map: map.to_vec(),
+        index_vector_dim: ivd,
+    }
+}
+
+#[test]
+fn gather_infers_the_result_type_and_refuses_bad_dimension_numbers() {
+    let b = builder(&[t(DType::F32, &[6, 8]), t(DType::I64, &[4, 2]), t(DType::I32, &[5])]);
+    let [x, pairs, rows] = [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap()];
+    // One element per index pair (a per-row pick): [4].
+    let picked = b.gather(x, pairs, gather_dims(&[], &[0, 1], &[0, 1], 1), &[1, 1]).unwrap();
+    assert_eq!(picked.ty(), t(DType::F32, &[4]));
+    // Whole rows, one scalar index each (an embedding lookup): [5, 8].
+    let looked_up = b.gather(x, rows, gather_dims(&[1], &[0], &[0], 1), &[1, 8]).unwrap();
+    assert_eq!(looked_up.ty(), t(DType::F32, &[5, 8]));
+    // Slices kept with their size-2 dim, offset dims first: [2, 3, 4].
+    let blocks = b.gather(x, pairs, gather_dims(&[0, 1], &[], &[0, 1], 1), &[2, 3]).unwrap();
+    assert_eq!(blocks.ty(), t(DType::F32, &[2, 3, 4]));
+
+    let f = b.splat(t(DType::F32, &[4, 2]), 0.0).unwrap();
+    expect_err(
+        b.gather(x, f, gather_dims(&[], &[0, 1], &[0, 1], 1), &[1, 1]),
+        ErrorKind::DType,
+        &["stablehlo.gather", "not integers"],
+    );
+    expect_err(
+        b.gather(x, pairs, gather_dims(&[], &[0, 1], &[0], 1), &[1, 1]),
+        ErrorKind::DimensionNumbers,
+        &["2 components"],
+    );
+    expect_err(
+        b.gather(x, pairs, gather_dims(&[], &[0, 1], &[0, 1], 1), &[1, 9]),
+        ErrorKind::DimensionNumbers,
+        &["slice size 9 exceeds dim 1"],
+    );
+    expect_err(
+        b.gather(x, pairs, gather_dims(&[], &[0, 1], &[0, 1], 1), &[1, 2]),
+        ErrorKind::DimensionNumbers,
+        &["collapses dim 1 of slice size 2"],
+    );
+    expect_err(
+        b.gather(x, pairs, gather_dims(&[], &[0], &[0, 1], 1), &[1, 2]),
+        ErrorKind::DimensionNumbers,
+        &["offset_dims [] must list 1 result dims"],
+    );
+    expect_err(
+        b.gather(x, pairs, gather_dims(&[], &[0, 1], &[0, 1], 3), &[1, 1]),
+        ErrorKind::DimensionNumbers,
+        &["index_vector_dim 3 out of range"],
+    );
+    expect_err(
+        b.gather(x, pairs, gather_dims(&[], &[0, 1], &[1, 1], 1), &[1, 1]),
+        ErrorKind::Axis,
+        &["start_index_map dim 1 repeated"],
+    );
+}
+
+#[test]
+fn gather_prints_as_stablehlo_generic_form() {
+    let b = builder(&[t(DType::F32, &[6, 8]), t(DType::I32, &[5])]);
+    let [x, rows] = [b.arg(0).unwrap(), b.arg(1).unwrap()];
+    let out = b.gather(x, rows, gather_dims(&[1], &[0], &[0], 1), &[1, 8]).unwrap();
+    let text = b.finish(&[out]).unwrap().to_text();
+    assert!(
+        text.contains(
+            "\"stablehlo.gather\"(%arg0, %arg1) {dimension_numbers = #stablehlo.gather<\
+             offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], \
+             index_vector_dim = 1>, slice_sizes = array<i64: 1, 8>, indices_are_sorted = false} \
+             : (tensor<6x8xf32>, tensor<5xi32>) -> tensor<5x8xf32>"
+        ),
+        "{text}"
     );
 }

@@ -14,8 +14,9 @@ use std::cell::RefCell;
 
 use crate::error::{BuildError, OpError, op_err};
 use crate::ir::{
-    self, AttrValue, BinaryOp, ConvDims, ConvWindow, Direction, DotDims, Function, InferCx, Instr,
-    Module, Op, Precision, Region, RegionId, Signature, TextFunction, UnaryOp, ValueId, Visibility,
+    self, AttrValue, BinaryOp, ConvDims, ConvWindow, Direction, DotDims, Function, GatherDims,
+    InferCx, Instr, Module, Op, Precision, Region, RegionId, Signature, TextFunction, UnaryOp,
+    ValueId, Visibility,
 };
 use crate::literal::{Literal, LiteralData};
 use crate::types::{DType, Dim, Shape, TensorType};
@@ -407,6 +408,22 @@ impl KernelBuilder {
         let operand = self.check(op, x)?;
         let starts = starts.iter().map(|s| self.check(op, *s)).collect::<Result<_, _>>()?;
         self.push1(Op::DynamicSlice { operand, starts, sizes: sizes.to_vec() })
+    }
+
+    /// `stablehlo.gather`: slices of `slice_sizes` of `x` at the index vectors in `indices`
+    /// (integers; each start clamped into range, as StableHLO does), laid out as `dims` says.
+    /// Checked as StableHLO's verifier does; batching dimensions are not supported.
+    pub fn gather(
+        &self,
+        x: Tensor<'_>,
+        indices: Tensor<'_>,
+        dims: GatherDims,
+        slice_sizes: &[i64],
+    ) -> Result<Tensor<'_>, BuildError> {
+        let op = "stablehlo.gather";
+        let operand = self.check(op, x)?;
+        let indices = self.check(op, indices)?;
+        self.push1(Op::Gather { operand, indices, dims, slice_sizes: slice_sizes.to_vec() })
     }
 
     /// `x` with `update` written at runtime `starts`.

@@ -168,6 +168,18 @@ pub struct DotDims {
     pub rhs_contracting: Vec<i64>,
 }
 
+/// `gather` dimension numbers (StableHLO's, without batching dimensions): which result dims hold
+/// the slices (`offset_dims`), which slice dims (of size 1) are dropped, which operand dim each
+/// component of an index vector starts, and which dim of the indices holds the index vectors
+/// (its rank: one scalar index per position).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct GatherDims {
+    pub offset_dims: Vec<i64>,
+    pub collapsed_slice_dims: Vec<i64>,
+    pub start_index_map: Vec<i64>,
+    pub index_vector_dim: i64,
+}
+
 /// `convolution` dimension numbers: where batch, feature and spatial dims sit in the input
 /// (`lhs`), the kernel (`rhs`) and the output. Spatial dims pair up in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -322,6 +334,14 @@ pub enum Op {
         update: ValueId,
         starts: Vec<ValueId>,
     },
+    /// Slices of `slice_sizes` of `operand` starting at the index vectors in `indices`, each
+    /// start clamped into range (StableHLO's semantics).
+    Gather {
+        operand: ValueId,
+        indices: ValueId,
+        dims: GatherDims,
+        slice_sizes: Vec<i64>,
+    },
     Concatenate {
         operands: Vec<ValueId>,
         dim: i64,
@@ -412,6 +432,7 @@ impl Op {
             Op::Slice { .. } => "stablehlo.slice",
             Op::DynamicSlice { .. } => "stablehlo.dynamic_slice",
             Op::DynamicUpdateSlice { .. } => "stablehlo.dynamic_update_slice",
+            Op::Gather { .. } => "stablehlo.gather",
             Op::Concatenate { .. } => "stablehlo.concatenate",
             Op::Pad { .. } => "stablehlo.pad",
             Op::Reduce { .. } => "stablehlo.reduce",
@@ -449,6 +470,7 @@ impl Op {
             Op::DynamicUpdateSlice { operand, update, starts } => {
                 [*operand, *update].into_iter().chain(starts.iter().copied()).collect()
             }
+            Op::Gather { operand, indices, .. } => vec![*operand, *indices],
             Op::Concatenate { operands, .. }
             | Op::While { operands, .. }
             | Op::Sort { operands, .. } => operands.clone(),
@@ -603,6 +625,81 @@ fn check_axes(what: &str, axes: &[i64], rank: usize) -> Result<(), OpError> {
         }
     }
     Ok(())
+}
+
+/// The result type of a `gather`, with the checks StableHLO's verifier makes (batching
+/// dimensions aside: [`GatherDims`] has none).
+fn infer_gather(
+    x: &TensorType,
+    idx: &TensorType,
+    dims: &GatherDims,
+    slice_sizes: &[i64],
+) -> Result<TensorType, OpError> {
+    if !idx.dtype.is_integer() {
+        return Err(op_err!(DType, "gather indices {idx} are not integers"));
+    }
+    let (rank, idx_rank) = (x.rank(), idx.rank());
+    let ivd = dims.index_vector_dim;
+    if ivd < 0 || ivd as usize > idx_rank {
+        return Err(op_err!(
+            DimensionNumbers,
+            "gather index_vector_dim {ivd} out of range for indices {idx}"
+        ));
+    }
+    let ivd = ivd as usize;
+    let vector = if ivd < idx_rank { static_dim(&idx.shape.0[ivd], "gather", idx)? } else { 1 };
+    if dims.start_index_map.len() as i64 != vector {
+        return Err(op_err!(
+            DimensionNumbers,
+            "gather index vectors of {vector} components, start_index_map {:?}",
+            dims.start_index_map
+        ));
+    }
+    check_axes("gather start_index_map dim", &dims.start_index_map, rank)?;
+    check_axes("gather collapsed_slice_dim", &dims.collapsed_slice_dims, rank)?;
+    if slice_sizes.len() != rank {
+        return Err(op_err!(DimensionNumbers, "gather of {x} needs {rank} slice sizes"));
+    }
+    let mut offsets = Vec::new();
+    for (i, &s) in slice_sizes.iter().enumerate() {
+        let size = static_dim(&x.shape.0[i], "gather", x)?;
+        if s < 0 || s > size {
+            return Err(op_err!(DimensionNumbers, "slice size {s} exceeds dim {i} of {x}"));
+        }
+        if dims.collapsed_slice_dims.contains(&(i as i64)) {
+            if s > 1 {
+                return Err(op_err!(
+                    DimensionNumbers,
+                    "gather collapses dim {i} of slice size {s} (at most 1)"
+                ));
+            }
+        } else {
+            offsets.push(s as u64);
+        }
+    }
+    let out_rank = offsets.len() + idx_rank - usize::from(ivd < idx_rank);
+    check_axes("gather offset_dim", &dims.offset_dims, out_rank)?;
+    if dims.offset_dims.len() != offsets.len() || !dims.offset_dims.is_sorted() {
+        return Err(op_err!(
+            DimensionNumbers,
+            "gather offset_dims {:?} must list {} result dims in order",
+            dims.offset_dims,
+            offsets.len()
+        ));
+    }
+    let mut batch = (0..idx_rank).filter(|&d| d != ivd).map(|d| idx.shape.0[d].clone());
+    let mut offsets = offsets.into_iter();
+    let shape = (0..out_rank)
+        .map(|d| {
+            if dims.offset_dims.contains(&(d as i64)) {
+                offsets.next().map(Dim::Static)
+            } else {
+                batch.next()
+            }
+        })
+        .collect::<Option<Vec<Dim>>>()
+        .ok_or_else(|| op_err!(DimensionNumbers, "gather result dims do not add up"))?;
+    Ok(x.with_shape(Shape(shape)))
 }
 
 /// The result type of a `convolution`, with the checks StableHLO's verifier makes.
@@ -901,6 +998,9 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<TensorType>, OpError> {
                 }
             }
             one(x.with_shape(Shape::of(&sizes.iter().map(|&s| s as u64).collect::<Vec<_>>())))
+        }
+        Op::Gather { operand, indices, dims, slice_sizes } => {
+            infer_gather(&ty(operand), &ty(indices), dims, slice_sizes).map(one)?
         }
         Op::DynamicUpdateSlice { operand, update, starts } => {
             let (x, u) = (ty(operand), ty(update));

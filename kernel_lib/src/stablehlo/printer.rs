@@ -291,6 +291,31 @@ impl<'a> FnPrinter<'a> {
                     ints(sizes)
                 )
             }
+            Op::Gather { operand, indices, dims, slice_sizes } => {
+                let ft = self.functional(&[*operand, *indices], res);
+                let lhs = self.bind(res);
+                let mut numbers = Vec::new();
+                for (name, v) in [
+                    ("offset_dims", &dims.offset_dims),
+                    ("collapsed_slice_dims", &dims.collapsed_slice_dims),
+                    ("start_index_map", &dims.start_index_map),
+                ] {
+                    if !v.is_empty() {
+                        numbers.push(format!("{name} = {}", ints(v)));
+                    }
+                }
+                numbers.push(format!("index_vector_dim = {}", dims.index_vector_dim));
+                let sizes: Vec<String> = slice_sizes.iter().map(ToString::to_string).collect();
+                format!(
+                    "{lhs}\"stablehlo.gather\"({}, {}) {{dimension_numbers = \
+                     #stablehlo.gather<{}>, slice_sizes = array<i64: {}>, indices_are_sorted = \
+                     false}} : {ft}",
+                    self.name(*operand),
+                    self.name(*indices),
+                    numbers.join(", "),
+                    sizes.join(", ")
+                )
+            }
             Op::DynamicUpdateSlice { .. } | Op::Pad { .. } | Op::Concatenate { .. } => {
                 let ops = instr.op.operands();
                 let ft = self.functional(&ops, res);
