@@ -32,7 +32,9 @@ use tpu_kernels_registry::dispatch::{dtype_of, upload_input_cached};
 use tpu_kernels_registry::graph::{
     self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall, ShardSpec,
 };
-use tpu_kernels_registry::pjrt::{Buffer, CompileOptions, LoadedExecutable, Program, ViewCache};
+use tpu_kernels_registry::pjrt::{
+    Buffer, CompileOptions, LoadedExecutable, OptionOverride, Program, ViewCache,
+};
 use tpu_kernels_registry::{
     CallMeta, DispatchError, Dispatcher, HostTensor, Index, LendError, Registry, execute_lending,
     fault, normalize_op, with_pooled_outputs,
@@ -1124,6 +1126,18 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         "cpu_execution",
         if crate::runtime::cpu_async() { "worker thread" } else { "calling thread" },
     )?;
+    let compile_options = PyDict::new(py);
+    if rt.dispatcher.client().platform() == "cpu" {
+        let options = CompileOptions::new();
+        for (name, value) in options.for_client(rt.dispatcher.client()).overrides() {
+            match value {
+                OptionOverride::Int(i) => compile_options.set_item(name, *i)?,
+                OptionOverride::Bool(b) => compile_options.set_item(name, *b)?,
+                OptionOverride::Str(s) => compile_options.set_item(name, s)?,
+            }
+        }
+    }
+    d.set_item("cpu_compile_options", compile_options)?;
     let c = rt.cache.stats();
     let cache = PyDict::new(py);
     cache.set_item("memory_hits", c.memory_hits)?;

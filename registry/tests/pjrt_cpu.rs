@@ -385,3 +385,88 @@ fn the_cpu_plugin_has_no_options_for_several_processes() {
         assert!(m.contains("Unexpected option name") && m.contains(name), "{m}");
     }
 }
+
+#[test]
+fn compile_option_overrides_reach_the_compiler() {
+    use tpu_kernels_registry::pjrt::OptionOverride;
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    let program = Program::text(ADD_F32X4);
+    let compile_with = |name: &str, value: OptionOverride| {
+        client.compile(&program, &CompileOptions::new().option_override(name, value))
+    };
+    // XLA reads each override: a name it does not know, and a value of the wrong kind, are
+    // errors that name them.
+    let unknown = compile_with("xla_no_such_flag", OptionOverride::Int(1)).unwrap_err();
+    assert!(unknown.to_string().contains("xla_no_such_flag"), "{unknown}");
+    let bad = compile_with("xla_cpu_prefer_vector_width", OptionOverride::Str("wide".into()))
+        .unwrap_err();
+    assert!(bad.to_string().contains("'wide'"), "{bad}");
+    // A valid one compiles a program that computes the right thing.
+    let exe = compile_with("xla_cpu_prefer_vector_width", OptionOverride::Int(256)).unwrap();
+    let a = client.buffer_from_host(&[1.0f32, 2.0, 3.0, 4.0], &[4]).unwrap();
+    let b = client.buffer_from_host(&[10.0f32, 20.0, 30.0, 40.0], &[4]).unwrap();
+    let out = exe.execute(&[&a, &b]).unwrap();
+    let mut host = [0.0f32; 4];
+    out[0].to_host(&mut host).unwrap();
+    assert_eq!(host, [11.0, 22.0, 33.0, 44.0]);
+}
+
+#[test]
+fn the_cpu_client_prefers_512_bit_vectors_on_an_avx512_host() {
+    use tpu_kernels_registry::cache::CacheKey;
+    use tpu_kernels_registry::pjrt::{AVX512_VECTOR_WIDTH, OptionOverride};
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    const WIDTH: &str = "xla_cpu_prefer_vector_width";
+    let avx512 = std::fs::read_to_string("/proc/cpuinfo")
+        .is_ok_and(|info| info.split_whitespace().any(|w| w == "avx512f"));
+    let flags_say = std::env::var("XLA_FLAGS").is_ok_and(|f| f.contains(WIDTH));
+    let resolved = CompileOptions::new().for_client(&client).into_owned();
+    let width: Vec<_> = resolved.overrides().filter(|(k, _)| *k == WIDTH).collect();
+    if avx512 && !flags_say {
+        assert_eq!(width, vec![(WIDTH, &OptionOverride::Int(AVX512_VECTOR_WIDTH))]);
+    } else {
+        assert!(width.is_empty(), "{width:?}");
+    }
+    // What the caller set wins, and the cache key is that of the options as compiled.
+    let narrow = CompileOptions::new().option_override(WIDTH, OptionOverride::Int(256));
+    assert_eq!(narrow.for_client(&client).as_ref(), &narrow);
+    let program = Program::text(ADD_F32X4);
+    assert_eq!(
+        CacheKey::compute(&client, &program, &CompileOptions::new()),
+        CacheKey::compute(&client, &program, &resolved)
+    );
+    if avx512 && !flags_say {
+        assert_ne!(
+            CacheKey::compute(&client, &program, &CompileOptions::new()),
+            CacheKey::compute(&client, &program, &narrow)
+        );
+    }
+}
+
+#[test]
+fn a_built_gather_runs_with_stablehlo_semantics() {
+    use tpu_kernels::ir::GatherDims;
+    use tpu_kernels::{DType, KernelBuilder, TensorType};
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    // Rows of a [4, 3] table by scalar indices, an embedding lookup: [5, 3]. An index outside
+    // 0..4 is clamped into range, as StableHLO defines.
+    let b = KernelBuilder::new(
+        "lookup",
+        &[TensorType::new(DType::F32, [4u64, 3]), TensorType::new(DType::I32, [5u64])],
+    );
+    let dims = GatherDims {
+        offset_dims: vec![1],
+        collapsed_slice_dims: vec![0],
+        start_index_map: vec![0],
+        index_vector_dim: 1,
+    };
+    let out = b.gather(b.arg(0).unwrap(), b.arg(1).unwrap(), dims, &[1, 3]).unwrap();
+    let exe = compile(&client, &b.finish(&[out]).unwrap().to_text());
+    let table: Vec<f32> = (0..12).map(|v| v as f32).collect();
+    let x = client.buffer_from_host(&table, &[4, 3]).unwrap();
+    let idx = client.buffer_from_host(&[2i32, 0, 3, 7, -1], &[5]).unwrap();
+    let got = exe.execute(&[&x, &idx]).unwrap()[0].to_vec::<f32>().unwrap();
+    let rows: [[f32; 3]; 5] =
+        [[6.0, 7.0, 8.0], [0.0, 1.0, 2.0], [9.0, 10.0, 11.0], [9.0, 10.0, 11.0], [0.0, 1.0, 2.0]];
+    assert_eq!(got, rows.concat());
+}

@@ -12,7 +12,7 @@ use crate::pjrt::{AttributeValue, Client, CompileOptions, Plugin, Program};
 
 /// The version of the key recipe. Bump it whenever what goes into a key, or how, changes: every
 /// old entry then simply stops being found.
-pub const KEY_VERSION: u32 = 2;
+pub const KEY_VERSION: u32 = 3;
 
 /// How many bytes of the plugin file, at its start and at its end, go into its identity.
 const PLUGIN_SAMPLE: u64 = 1 << 20;
@@ -25,7 +25,8 @@ const PLUGIN_SAMPLE: u64 = 1 << 20;
 ///    the same specialised module emitted from another file or line, or indented differently,
 ///    hits the same entry (bytecode, and text that does not tokenize, are hashed verbatim);
 /// 3. the compile options, as the exact `CompileOptionsProto` bytes PJRT receives
-///    ([`CompileOptions::to_proto`], deterministic);
+///    ([`CompileOptions::for_client`]'s [`CompileOptions::to_proto`], deterministic: the host's
+///    vector width is in it);
 /// 4. the plugin's identity (see [`CacheKey::compute`]);
 /// 5. the client's platform name and version and its devices (id, kind), since an executable is
 ///    built for a device set;
@@ -64,7 +65,7 @@ impl CacheKey {
         h.update(&KEY_VERSION.to_le_bytes());
         let module = module_bytes(program);
         field(&mut h, b"module", &module);
-        field(&mut h, b"options", &options.to_proto());
+        field(&mut h, b"options", &options.for_client(client).to_proto());
         field(&mut h, b"plugin", &plugin_fingerprint(&client.plugin()));
         field(&mut h, b"platform", client.platform().as_bytes());
         field(&mut h, b"platform_version", client.platform_version().as_bytes());

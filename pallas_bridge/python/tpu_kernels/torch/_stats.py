@@ -155,6 +155,10 @@ class Report:
     # Where the shared PJRT CPU client runs a program: "calling thread" (the default) or
     # "worker thread" (`TPUK_CPU_ASYNC=1`, the plugin's own default).
     cpu_execution: str = "calling thread"
+    # XLA options the shared PJRT CPU client compiles every program with, beyond the process's
+    # `XLA_FLAGS`: `xla_cpu_prefer_vector_width=512` on a host with AVX-512 (XLA's default is
+    # 256), unless `XLA_FLAGS` names that flag.
+    cpu_compile_options: dict = field(default_factory=dict)
 
     def substituted(self, op: str | None = None) -> int:
         if op is None:
@@ -241,6 +245,9 @@ class Report:
                 )
         if self.cpu_execution != "calling thread":
             lines.append(f"PJRT CPU client: programs run on a {self.cpu_execution} (TPUK_CPU_ASYNC=1)")
+        if self.cpu_compile_options:
+            opts = ", ".join(f"{k}={v}" for k, v in sorted(self.cpu_compile_options.items()))
+            lines.append(f"PJRT CPU client: programs compiled with {opts} (XLA_FLAGS naming a flag overrides it)")
         if self.openmp and self.openmp.get("spin") == "default":
             lines.append(f"OpenMP: {self.openmp['detail']}")
         if self.errors():
@@ -342,6 +349,7 @@ def report() -> Report:
     return Report(
         sharded=sharded,
         cpu_execution=s["cpu_execution"],
+        cpu_compile_options=dict(s["cpu_compile_options"]),
         openmp=_openmp.state(),
         device=device,
         ops=ops,
