@@ -7,6 +7,7 @@
 
 use crate::builder::Tensor;
 use crate::error::BuildError;
+use crate::ir::GatherDims;
 use crate::registration::KernelSignature;
 use crate::tpu_kernel;
 use crate::types::{DType, Dim, Shape, TensorType};
@@ -407,6 +408,47 @@ pub fn swiglu_backward(
 // ----- losses -----
 
 /// `target`'s one-hot rows over the `[N, C]` shape of `logits` (an `i1` mask).
+/// `rows` (`[N]`, or `[N, C]` like the logits) with each row whose target is outside `0..C` set
+/// to 0: the rows of targets that select no class. Decided from the `[N]` targets, not from a
+/// reduction over the `[N, C]` one-hot matrix.
+fn zero_rows_out_of_range<'b>(
+    kernel: &str,
+    logits: Tensor<'b>,
+    target: Tensor<'b>,
+    rows: Tensor<'b>,
+) -> Result<Tensor<'b>, BuildError> {
+    let Some(classes) = logits.shape().0[1].as_static() else {
+        let message = format!("logits {} need a static class count", logits.ty());
+        return Err(shape_error(kernel, "one_hot", message));
+    };
+    let mut shape = vec![logits.shape().0[0].clone()];
+    if rows.shape().0.len() == 2 {
+        shape.push(Dim::Static(1));
+    }
+    let shape = Shape(shape);
+    let from_zero = target.ge(target.full_like(0.0)).reshape(shape.clone());
+    let below = target.lt(target.full_like(classes as f64)).reshape(shape);
+    let zero = rows.full_like(0.0);
+    Ok(from_zero.select(below.select(rows, zero), zero))
+}
+
+/// `x[i, target[i]]` for each row `i` of `x[N, C]` (`[N]`), by a gather: an index outside
+/// `0..C` is clamped into range, so callers mask those rows ([`zero_rows_out_of_range`]).
+fn pick_per_row<'b>(x: Tensor<'b>, target: Tensor<'b>) -> Result<Tensor<'b>, BuildError> {
+    let b = x.builder();
+    let n = x.shape().0[0].clone();
+    let column = Shape(vec![n.clone(), Dim::Static(1)]);
+    let rows = b.iota(TensorType { dtype: target.dtype(), shape: column.clone() }, 0)?;
+    let indices = b.concatenate(&[rows, target.reshape(column)], 1)?;
+    let dims = GatherDims {
+        offset_dims: vec![],
+        collapsed_slice_dims: vec![0, 1],
+        start_index_map: vec![0, 1],
+        index_vector_dim: 1,
+    };
+    b.gather(x, indices, dims, &[1, 1])
+}
+
 fn one_hot<'b>(logits: Tensor<'b>, target: Tensor<'b>) -> Result<Tensor<'b>, BuildError> {
     let shape = logits.shape();
     let classes = logits.builder().iota(logits.ty().with_dtype(DType::I64), 1)?;
@@ -429,10 +471,17 @@ fn one_hot<'b>(logits: Tensor<'b>, target: Tensor<'b>) -> Result<Tensor<'b>, Bui
 )]
 pub fn cross_entropy(logits: Tensor, target: Tensor) -> Result<Tensor, BuildError> {
     let lf = upcast(logits);
-    let shifted = lf - lf.amax(&[1], true);
-    let logp = shifted - shifted.exp().sum(&[1], true).log();
-    let picked = one_hot(logits, target)?.select(logp, logp.full_like(0.0));
-    Ok((-picked.sum(&[1], false).mean(&[0], false)).cast(logits.dtype()))
+    let n = logits.shape().0[0].clone();
+    let max = lf.amax(&[1], true);
+    let log_sum = (lf - max).exp().sum(&[1], false).log();
+    // Row i's loss `-log_softmax(x)[i, t] = (max - x[i, t]) + log_sum`, the same roundings as
+    // negating `(x[i, t] - max) - log_sum`, with `x[i, t]` gathered from the logits: no [N, C]
+    // log-probabilities or one-hot selection is formed, two passes over the logits in all.
+    let picked = pick_per_row(lf, target)?;
+    let rows = (max.reshape(Shape(vec![n])) - picked) + log_sum;
+    // A target outside 0..C picks nothing: its row adds 0.
+    let in_range = zero_rows_out_of_range("cross_entropy", logits, target, rows)?;
+    Ok(in_range.mean(&[0], false).cast(logits.dtype()))
 }
 
 /// Gradient of [`fn@cross_entropy`] for `grad`, the gradient of its scalar output:
@@ -483,9 +532,9 @@ pub fn cross_entropy_backward(
     let softmax = e / e.sum(&[1], true);
     let hot = one_hot(logits, target)?.select(lf.full_like(1.0), lf.full_like(0.0));
     // A row whose target selects no class adds a constant 0 to the loss: its gradient is 0.
-    let found = hot.sum(&[1], true);
+    let rows = zero_rows_out_of_range(KERNEL, logits, target, softmax - hot)?;
     let scale = upcast(grad).reshape(Shape::scalar()) * (1.0 / n as f64);
-    let dlogits = (softmax * found - hot) * scale;
+    let dlogits = rows * scale;
     Ok((dlogits.cast(logits.dtype()), target.full_like(0.0)))
 }
 
