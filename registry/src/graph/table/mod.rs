@@ -34,8 +34,9 @@
 //!   integers into f32. Sums of integers or bools give `i64`.
 //! - 16-bit floats (bf16, f16) accumulate matmuls and reductions in f32 and round once, as
 //!   PyTorch's CPU kernels do.
-//! - Indexing without a gather op in the builder: `embedding`, `embedding_dense_backward`,
-//!   `index.Tensor` and `index_put` use a one-hot matrix (`iota == index`) and one
+//! - Indexing: reading whole rows (`embedding`, `index.Tensor`, the embedding bags) is a
+//!   `stablehlo.gather` of rows, an index outside the table giving a zero row;
+//!   `embedding_dense_backward` and `index_put` use a one-hot matrix (`iota == index`) and one
 //!   `dot_general` at `HIGHEST` precision (exact in f32: every sum has one non-zero term, and
 //!   TPUs would otherwise round f32 operands to bf16); `gather`, `scatter` and `nll_loss`
 //!   select with the one-hot mask and reduce, which keeps infinities and ints exact.

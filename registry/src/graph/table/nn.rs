@@ -1,6 +1,6 @@
 //! Matmuls, indexing (one-hot), softmax, losses and attention.
 
-use tpu_kernels::ir::{BinaryOp, Direction, DotDims, Precision, UnaryOp};
+use tpu_kernels::ir::{BinaryOp, Direction, DotDims, GatherDims, Precision, UnaryOp};
 use tpu_kernels::{DType, KernelBuilder, Shape, Tensor, TensorType};
 
 use super::reduce::reduce;
@@ -121,18 +121,44 @@ fn dot_type(dt: DType) -> DType {
 
 const HIGHEST: Option<[Precision; 2]> = Some([Precision::Highest, Precision::Highest]);
 
-/// `table[idx]` along the first dimension: `I + table.shape[1:]`.
+/// `table[idx]` along the first dimension: `I + table.shape[1:]`, by a gather of whole rows.
+/// Negative indices wrap as in PyTorch; a row whose index is still outside the table is zero
+/// (the gather alone would clamp it onto the first or last row).
 fn take_rows<'b>(b: &'b KernelBuilder, table: Tensor<'b>, idx: Tensor<'b>) -> R<Tensor<'b>> {
-    let dt = table.dtype();
-    let t = convert(b, table, dot_type(dt))?;
-    let rows = dims_of(table)?[0];
-    let oh = convert(b, one_hot(b, idx, rows)?, t.dtype())?;
-    let r = idx.rank();
-    let out = dot(b, oh, t, batched(0, r, 0), HIGHEST)?;
-    convert(b, out, dt)
+    let dims = dims_of(table)?;
+    let (rows, rest) = (dims[0], &dims[1..]);
+    let is = dims_of(idx)?;
+    let r = is.len();
+    let out_ty = TensorType::new(table.dtype(), Shape::of(&[&is[..], rest].concat()));
+    let zeros = splat(b, out_ty.clone(), Scalar::Int(0))?;
+    if rows == 0 {
+        return Ok(zeros);
+    }
+    let dt = idx.dtype();
+    let zero = scalar_const(b, dt, Scalar::Int(0))?;
+    let n = scalar_const(b, dt, Scalar::Int(rows as i64))?;
+    let neg = b.compare(Direction::Lt, idx, zero)?;
+    let wrapped = b.binary(BinaryOp::Add, idx, n)?;
+    let v = broadcast_all(b, &[neg, wrapped, idx])?;
+    let idx = b.select(v[0], v[1], v[2])?;
+    let gather = GatherDims {
+        offset_dims: (r..r + rest.len()).map(|d| d as i64).collect(),
+        collapsed_slice_dims: vec![0],
+        start_index_map: vec![0],
+        index_vector_dim: r as i64,
+    };
+    let sizes: Vec<i64> = std::iter::once(1).chain(rest.iter().map(|&d| d as i64)).collect();
+    let picked = b.gather(table, idx, gather, &sizes)?;
+    let v = broadcast_all(b, &[idx, zero, n])?;
+    let from_zero = b.compare(Direction::Ge, v[0], v[1])?;
+    let below = b.compare(Direction::Lt, v[0], v[2])?;
+    let inside = b.binary(BinaryOp::And, from_zero, below)?;
+    let map: Vec<i64> = (0..r as i64).collect();
+    let inside = b.broadcast_in_dim(inside, out_ty.with_dtype(DType::Bool), &map)?;
+    Ok(b.select(inside, picked, zeros)?)
 }
 
-/// `embedding(weight, indices, ...)`: a one-hot matrix times the weight.
+/// `embedding(weight, indices, ...)`: the weight's rows, gathered.
 pub(super) fn embedding<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let (w, idx) = (cx.tensor(0, "weight")?, cx.tensor(1, "indices")?);
     rank_is(w, 2, "weight")?;
