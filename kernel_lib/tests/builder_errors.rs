@@ -1,6 +1,8 @@
 //! Every builder misuse is an error naming the kernel, the op and the types; never a panic.
 
-use tpu_kernels::ir::{BinaryOp, ConvDims, ConvWindow, Direction, DotDims, GatherDims, UnaryOp};
+use tpu_kernels::ir::{
+    BinaryOp, ConvDims, ConvWindow, Direction, DotDims, GatherDims, ScatterDims, UnaryOp,
+};
 use tpu_kernels::literal::LiteralData;
 use tpu_kernels::{BuildError, DType, Dim, ErrorKind, KernelBuilder, Shape, Tensor, TensorType};
 
@@ -564,4 +566,75 @@ fn gather_prints_as_stablehlo_generic_form() {
         ),
         "{text}"
     );
+}
+
+fn scatter_dims(window: &[i64], inserted: &[i64], map: &[i64], ivd: i64) -> ScatterDims {
+    ScatterDims {
+        update_window_dims: window.to_vec(),
+        inserted_window_dims: inserted.to_vec(),
+        scatter_dims_to_operand_dims: map.to_vec(),
+        index_vector_dim: ivd,
+    }
+}
+
+#[test]
+fn scatter_checks_its_dimension_numbers_and_its_combiner() {
+    let b = builder(&[t(DType::F32, &[6, 8]), t(DType::I32, &[5]), t(DType::F32, &[5, 8])]);
+    let [x, rows, upd] = [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap()];
+    // Rows added at scalar indices (an embedding's gradient): the operand's type.
+    let summed = b.scatter(x, rows, upd, scatter_dims(&[1], &[0], &[0], 1), |c, n| Ok(c + n));
+    assert_eq!(summed.unwrap().ty(), t(DType::F32, &[6, 8]));
+
+    let wide = b.splat(t(DType::F32, &[5, 9]), 0.0).unwrap();
+    expect_err(
+        b.scatter(x, rows, wide, scatter_dims(&[1], &[0], &[0], 1), |c, n| Ok(c + n)),
+        ErrorKind::Shape,
+        &["stablehlo.scatter", "window dim 1", "exceeds dim 1"],
+    );
+    let short = b.splat(t(DType::F32, &[4, 8]), 0.0).unwrap();
+    expect_err(
+        b.scatter(x, rows, short, scatter_dims(&[1], &[0], &[0], 1), |c, n| Ok(c + n)),
+        ErrorKind::Shape,
+        &["do not match the indices"],
+    );
+    expect_err(
+        b.scatter(x, rows, upd, scatter_dims(&[1], &[], &[0], 1), |c, n| Ok(c + n)),
+        ErrorKind::DimensionNumbers,
+        &["must cover the 2 dims"],
+    );
+    let ints = b.splat(t(DType::I32, &[5, 8]), 0.0).unwrap();
+    expect_err(
+        b.scatter(x, rows, ints, scatter_dims(&[1], &[0], &[0], 1), |c, n| Ok(c + n)),
+        ErrorKind::DType,
+        &["do not match operand"],
+    );
+    expect_err(
+        b.scatter(x, upd, upd, scatter_dims(&[1], &[0], &[0], 1), |c, n| Ok(c + n)),
+        ErrorKind::DType,
+        &["not integers"],
+    );
+    expect_err(
+        b.scatter(x, rows, upd, scatter_dims(&[1], &[0], &[0], 1), |c, n| Ok(c.lt(n))),
+        ErrorKind::Region,
+        &["combiner returns", "tensor<i1>"],
+    );
+}
+
+#[test]
+fn scatter_prints_as_stablehlo_generic_form() {
+    let b = builder(&[t(DType::F32, &[6, 8]), t(DType::I32, &[5]), t(DType::F32, &[5, 8])]);
+    let [x, rows, upd] = [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap()];
+    let out = b.scatter(x, rows, upd, scatter_dims(&[1], &[0], &[0], 1), |c, n| Ok(c + n)).unwrap();
+    let text = b.finish(&[out]).unwrap().to_text();
+    for piece in [
+        "\"stablehlo.scatter\"(%arg0, %arg1, %arg2) ({",
+        "^bb0(%1: tensor<f32>, %2: tensor<f32>):",
+        "stablehlo.add %1, %2 : tensor<f32>",
+        "}) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<\
+         update_window_dims = [1], inserted_window_dims = [0], scatter_dims_to_operand_dims = \
+         [0], index_vector_dim = 1>, unique_indices = false} : (tensor<6x8xf32>, \
+         tensor<5xi32>, tensor<5x8xf32>) -> tensor<6x8xf32>",
+    ] {
+        assert!(text.contains(piece), "`{piece}` missing from:\n{text}");
+    }
 }

@@ -470,3 +470,35 @@ fn a_built_gather_runs_with_stablehlo_semantics() {
         [[6.0, 7.0, 8.0], [0.0, 1.0, 2.0], [9.0, 10.0, 11.0], [9.0, 10.0, 11.0], [0.0, 1.0, 2.0]];
     assert_eq!(got, rows.concat());
 }
+
+#[test]
+fn a_built_scatter_adds_rows_and_skips_windows_outside() {
+    use tpu_kernels::ir::ScatterDims;
+    use tpu_kernels::{DType, KernelBuilder, TensorType};
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    // Rows of a [5, 2] update added into a [4, 2] table at scalar indices, an embedding's
+    // gradient: a repeated index adds twice, an index outside 0..4 adds nothing.
+    let b = KernelBuilder::new(
+        "rows_added",
+        &[
+            TensorType::new(DType::F32, [4u64, 2]),
+            TensorType::new(DType::I64, [5u64]),
+            TensorType::new(DType::F32, [5u64, 2]),
+        ],
+    );
+    let dims = ScatterDims {
+        update_window_dims: vec![1],
+        inserted_window_dims: vec![0],
+        scatter_dims_to_operand_dims: vec![0],
+        index_vector_dim: 1,
+    };
+    let [x, i, u] = [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap()];
+    let out = b.scatter(x, i, u, dims, |c, n| Ok(c + n)).unwrap();
+    let exe = compile(&client, &b.finish(&[out]).unwrap().to_text());
+    let table = client.buffer_from_host(&[0.5f32; 8], &[4, 2]).unwrap();
+    let idx = client.buffer_from_host(&[1i64, 3, 1, 4, -1], &[5]).unwrap();
+    let upd: Vec<f32> = (1..=10).map(|v| v as f32).collect();
+    let updates = client.buffer_from_host(&upd, &[5, 2]).unwrap();
+    let got = exe.execute(&[&table, &idx, &updates]).unwrap()[0].to_vec::<f32>().unwrap();
+    assert_eq!(got, vec![0.5, 0.5, 6.5, 8.5, 0.5, 0.5, 3.5, 4.5]);
+}

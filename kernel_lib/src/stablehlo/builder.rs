@@ -15,8 +15,8 @@ use std::cell::RefCell;
 use crate::error::{BuildError, OpError, op_err};
 use crate::ir::{
     self, AttrValue, BinaryOp, ConvDims, ConvWindow, Direction, DotDims, Function, GatherDims,
-    InferCx, Instr, Module, Op, Precision, Region, RegionId, Signature, TextFunction, UnaryOp,
-    ValueId, Visibility,
+    InferCx, Instr, Module, Op, Precision, Region, RegionId, ScatterDims, Signature, TextFunction,
+    UnaryOp, ValueId, Visibility,
 };
 use crate::literal::{Literal, LiteralData};
 use crate::types::{DType, Dim, Shape, TensorType};
@@ -424,6 +424,31 @@ impl KernelBuilder {
         let operand = self.check(op, x)?;
         let indices = self.check(op, indices)?;
         self.push1(Op::Gather { operand, indices, dims, slice_sizes: slice_sizes.to_vec() })
+    }
+
+    /// `stablehlo.scatter`: `x` with each window of `updates` combined into it at its index
+    /// vector in `indices` by `combine` (the current element and the update, scalars; returns
+    /// the new element), laid out as `dims` says. A window outside `x` is skipped, as StableHLO
+    /// does. Checked as StableHLO's verifier does; batching dimensions are not supported.
+    pub fn scatter<'b>(
+        &'b self,
+        x: Tensor<'b>,
+        indices: Tensor<'b>,
+        updates: Tensor<'b>,
+        dims: ScatterDims,
+        combine: impl FnOnce(Tensor<'b>, Tensor<'b>) -> Result<Tensor<'b>, BuildError>,
+    ) -> Result<Tensor<'b>, BuildError> {
+        let op = "stablehlo.scatter";
+        let operand = self.check(op, x)?;
+        let indices = self.check(op, indices)?;
+        let updates = self.check(op, updates)?;
+        let scalar = TensorType::scalar(self.ty_of(operand).dtype);
+        let (_, args) = self.open_arg_scope(&[scalar.clone(), scalar]);
+        let (cur, new) = (self.tensor(args[0]), self.tensor(args[1]));
+        let body = self.region(op, || Ok(vec![combine(cur, new)?]));
+        self.close_scope();
+        let body = body?;
+        self.push1(Op::Scatter { operand, indices, updates, dims, args, body })
     }
 
     /// `x` with `update` written at runtime `starts`.

@@ -180,6 +180,18 @@ pub struct GatherDims {
     pub index_vector_dim: i64,
 }
 
+/// `scatter` dimension numbers (StableHLO's, without batching dimensions): which dims of the
+/// updates are window dims, which operand dims (of window size 1) the windows leave out,
+/// which operand dim each component of an index vector starts, and which dim of the indices
+/// holds the index vectors (its rank: one scalar index per position).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ScatterDims {
+    pub update_window_dims: Vec<i64>,
+    pub inserted_window_dims: Vec<i64>,
+    pub scatter_dims_to_operand_dims: Vec<i64>,
+    pub index_vector_dim: i64,
+}
+
 /// `convolution` dimension numbers: where batch, feature and spatial dims sit in the input
 /// (`lhs`), the kernel (`rhs`) and the output. Spatial dims pair up in order.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -342,6 +354,17 @@ pub enum Op {
         dims: GatherDims,
         slice_sizes: Vec<i64>,
     },
+    /// `operand` with each window of `updates` combined into it at its index vector by `body`
+    /// (the current element and the update, scalars, in; the new element out); a window that
+    /// falls outside the operand is skipped (StableHLO's semantics).
+    Scatter {
+        operand: ValueId,
+        indices: ValueId,
+        updates: ValueId,
+        dims: ScatterDims,
+        args: Vec<ValueId>,
+        body: RegionId,
+    },
     Concatenate {
         operands: Vec<ValueId>,
         dim: i64,
@@ -433,6 +456,7 @@ impl Op {
             Op::DynamicSlice { .. } => "stablehlo.dynamic_slice",
             Op::DynamicUpdateSlice { .. } => "stablehlo.dynamic_update_slice",
             Op::Gather { .. } => "stablehlo.gather",
+            Op::Scatter { .. } => "stablehlo.scatter",
             Op::Concatenate { .. } => "stablehlo.concatenate",
             Op::Pad { .. } => "stablehlo.pad",
             Op::Reduce { .. } => "stablehlo.reduce",
@@ -471,6 +495,7 @@ impl Op {
                 [*operand, *update].into_iter().chain(starts.iter().copied()).collect()
             }
             Op::Gather { operand, indices, .. } => vec![*operand, *indices],
+            Op::Scatter { operand, indices, updates, .. } => vec![*operand, *indices, *updates],
             Op::Concatenate { operands, .. }
             | Op::While { operands, .. }
             | Op::Sort { operands, .. } => operands.clone(),
@@ -486,7 +511,7 @@ impl Op {
     /// Nested regions, in print order.
     pub fn regions(&self) -> Vec<RegionId> {
         match self {
-            Op::Reduce { body, .. } => vec![*body],
+            Op::Reduce { body, .. } | Op::Scatter { body, .. } => vec![*body],
             Op::Sort { comparator, .. } => vec![*comparator],
             Op::While { cond, body, .. } => vec![*cond, *body],
             Op::Case { branches, .. } => branches.clone(),
@@ -497,7 +522,10 @@ impl Op {
     /// Block arguments the op's regions declare.
     pub fn region_args(&self) -> &[ValueId] {
         match self {
-            Op::Reduce { args, .. } | Op::While { args, .. } | Op::Sort { args, .. } => args,
+            Op::Reduce { args, .. }
+            | Op::While { args, .. }
+            | Op::Sort { args, .. }
+            | Op::Scatter { args, .. } => args,
             _ => &[],
         }
     }
@@ -700,6 +728,80 @@ fn infer_gather(
         .collect::<Option<Vec<Dim>>>()
         .ok_or_else(|| op_err!(DimensionNumbers, "gather result dims do not add up"))?;
     Ok(x.with_shape(Shape(shape)))
+}
+
+/// The checks StableHLO's verifier makes on a `scatter` of one operand (batching dimensions
+/// aside: [`ScatterDims`] has none).
+fn check_scatter(
+    x: &TensorType,
+    idx: &TensorType,
+    upd: &TensorType,
+    dims: &ScatterDims,
+) -> Result<(), OpError> {
+    if !idx.dtype.is_integer() {
+        return Err(op_err!(DType, "scatter indices {idx} are not integers"));
+    }
+    if upd.dtype != x.dtype {
+        return Err(op_err!(DType, "scatter updates {upd} do not match operand {x}"));
+    }
+    let (rank, idx_rank) = (x.rank(), idx.rank());
+    let ivd = dims.index_vector_dim;
+    if ivd < 0 || ivd as usize > idx_rank {
+        return Err(op_err!(
+            DimensionNumbers,
+            "scatter index_vector_dim {ivd} out of range for indices {idx}"
+        ));
+    }
+    let ivd = ivd as usize;
+    let vector = if ivd < idx_rank { static_dim(&idx.shape.0[ivd], "scatter", idx)? } else { 1 };
+    if dims.scatter_dims_to_operand_dims.len() as i64 != vector {
+        return Err(op_err!(
+            DimensionNumbers,
+            "scatter index vectors of {vector} components, scatter_dims_to_operand_dims {:?}",
+            dims.scatter_dims_to_operand_dims
+        ));
+    }
+    check_axes("scatter_dims_to_operand_dim", &dims.scatter_dims_to_operand_dims, rank)?;
+    check_axes("scatter inserted_window_dim", &dims.inserted_window_dims, rank)?;
+    let windows = &dims.update_window_dims;
+    check_axes("scatter update_window_dim", windows, upd.rank())?;
+    if !windows.is_sorted() || windows.len() + dims.inserted_window_dims.len() != rank {
+        return Err(op_err!(
+            DimensionNumbers,
+            "scatter update_window_dims {windows:?} and inserted_window_dims {:?} must cover \
+             the {rank} dims of {x}, in order",
+            dims.inserted_window_dims
+        ));
+    }
+    let batch: Vec<&Dim> = (0..idx_rank).filter(|&d| d != ivd).map(|d| &idx.shape.0[d]).collect();
+    if upd.rank() != batch.len() + windows.len() {
+        return Err(op_err!(
+            Shape,
+            "scatter updates {upd} need {} dims for indices {idx}",
+            batch.len() + windows.len()
+        ));
+    }
+    let mut batch = batch.into_iter();
+    let mut window_of = (0..rank).filter(|d| !dims.inserted_window_dims.contains(&(*d as i64)));
+    for (d, size) in upd.shape.0.iter().enumerate() {
+        if windows.contains(&(d as i64)) {
+            let Some(o) = window_of.next() else { break };
+            let (size, limit) =
+                (static_dim(size, "scatter", upd)?, static_dim(&x.shape.0[o], "scatter", x)?);
+            if size > limit {
+                return Err(op_err!(
+                    Shape,
+                    "scatter window dim {d} of {upd} exceeds dim {o} of {x}"
+                ));
+            }
+        } else if batch.next() != Some(size) {
+            return Err(op_err!(
+                Shape,
+                "scatter updates {upd} do not match the indices {idx} in dim {d}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The result type of a `convolution`, with the checks StableHLO's verifier makes.
@@ -1001,6 +1103,28 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<TensorType>, OpError> {
         }
         Op::Gather { operand, indices, dims, slice_sizes } => {
             infer_gather(&ty(operand), &ty(indices), dims, slice_sizes).map(one)?
+        }
+        Op::Scatter { operand, indices, updates, dims, args, body } => {
+            let x = ty(operand);
+            check_scatter(&x, &ty(indices), &ty(updates), dims)?;
+            let scalar = TensorType::scalar(x.dtype);
+            let got: Vec<TensorType> = args.iter().map(&ty).collect();
+            if got != [scalar.clone(), scalar.clone()] {
+                return Err(op_err!(
+                    Region,
+                    "scatter's combiner takes {} but {x} needs two {scalar}",
+                    list(&got)
+                ));
+            }
+            let returns = cx.region_result_types(*body);
+            if returns != [scalar.clone()] {
+                return Err(op_err!(
+                    Region,
+                    "scatter's combiner returns {} but must return {scalar}",
+                    list(&returns)
+                ));
+            }
+            one(x)
         }
         Op::DynamicUpdateSlice { operand, update, starts } => {
             let (x, u) = (ty(operand), ty(update));

@@ -466,6 +466,40 @@ impl<'a> FnPrinter<'a> {
                 );
                 return;
             }
+            Op::Scatter { operand, indices, updates, dims, args, body } => {
+                let ops = [*operand, *indices, *updates];
+                let ft = self.functional(&ops, res);
+                let names = self.names(&ops);
+                let lhs = self.bind(res);
+                let _ = writeln!(self.out, "{lhs}\"stablehlo.scatter\"({names}) ({{");
+                for a in args {
+                    self.fresh(*a);
+                }
+                let params: Vec<String> =
+                    args.iter().map(|a| format!("{}: {}", self.name(*a), self.ty(*a))).collect();
+                self.indent(level);
+                let _ = writeln!(self.out, "^bb0({}):", params.join(", "));
+                self.region_body(*body, level + 1, "stablehlo.return");
+                let mut numbers = Vec::new();
+                for (name, v) in [
+                    ("update_window_dims", &dims.update_window_dims),
+                    ("inserted_window_dims", &dims.inserted_window_dims),
+                    ("scatter_dims_to_operand_dims", &dims.scatter_dims_to_operand_dims),
+                ] {
+                    if !v.is_empty() {
+                        numbers.push(format!("{name} = {}", ints(v)));
+                    }
+                }
+                numbers.push(format!("index_vector_dim = {}", dims.index_vector_dim));
+                self.indent(level);
+                let _ = writeln!(
+                    self.out,
+                    "}}) {{indices_are_sorted = false, scatter_dimension_numbers = \
+                     #stablehlo.scatter<{}>, unique_indices = false}} : {ft}",
+                    numbers.join(", ")
+                );
+                return;
+            }
             Op::Case { index, branches } => {
                 let ft = self.functional(&[*index], res);
                 let idx = self.name(*index).to_owned();

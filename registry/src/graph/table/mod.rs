@@ -36,7 +36,9 @@
 //!   PyTorch's CPU kernels do.
 //! - Indexing: reading whole rows (`embedding`, `index.Tensor`, the embedding bags) is a
 //!   `stablehlo.gather` of rows, an index outside the table giving a zero row;
-//!   `embedding_dense_backward` and `index_put` use a one-hot matrix (`iota == index`) and one
+//!   `embedding_dense_backward` adds the gradient's rows into a zero table by a
+//!   `stablehlo.scatter` (an index outside the table adds nothing); `index_put` and the
+//!   embedding bags' backward use a one-hot matrix (`iota == index`) and one
 //!   `dot_general` at `HIGHEST` precision (exact in f32: every sum has one non-zero term, and
 //!   TPUs would otherwise round f32 operands to bf16); `gather`, `scatter` and `nll_loss`
 //!   select with the one-hot mask and reduce, which keeps infinities and ints exact.

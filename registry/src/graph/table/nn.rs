@@ -1,6 +1,6 @@
 //! Matmuls, indexing (one-hot), softmax, losses and attention.
 
-use tpu_kernels::ir::{BinaryOp, Direction, DotDims, GatherDims, Precision, UnaryOp};
+use tpu_kernels::ir::{BinaryOp, Direction, DotDims, GatherDims, Precision, ScatterDims, UnaryOp};
 use tpu_kernels::{DType, KernelBuilder, Shape, Tensor, TensorType};
 
 use super::reduce::reduce;
@@ -166,7 +166,8 @@ pub(super) fn embedding<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(take_rows(cx.b, w, idx)?)
 }
 
-/// The transposed one-hot times the gradient; rows at `padding_idx` get no gradient.
+/// The gradient's rows added into a zero table at their indices (a scatter); rows at
+/// `padding_idx` get no gradient.
 pub(super) fn embedding_dense_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let b = cx.b;
     let (g, idx) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "indices")?);
@@ -179,24 +180,38 @@ pub(super) fn embedding_dense_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     if num < 0 {
         return bad(format!("num_weights {num} is negative"));
     }
-    let mut oh = one_hot(b, idx, num as u64)?;
+    // The rows of the gradient added into a zero table by a scatter, in f32 for 16-bit floats
+    // as PyTorch's CPU accumulates. Negative indices wrap; the padding row, and any index still
+    // outside the table, point past its end, where the scatter skips them.
+    let dt = idx.dtype();
+    let n = scalar_const(b, dt, Scalar::Int(num))?;
+    let zero = scalar_const(b, dt, Scalar::Int(0))?;
+    let neg = b.compare(Direction::Lt, idx, zero)?;
+    let wrapped = b.binary(BinaryOp::Add, idx, n)?;
+    let v = broadcast_all(b, &[neg, wrapped, idx])?;
+    let mut rows = b.select(v[0], v[1], v[2])?;
     if padding >= 0 {
-        let p = scalar_const(b, idx.dtype(), Scalar::Int(padding))?;
-        let keep = b.compare(Direction::Ne, idx, p)?;
-        let keep =
-            b.broadcast_in_dim(keep, oh.ty(), &(0..idx.rank() as i64).collect::<Vec<_>>())?;
-        oh = b.binary(BinaryOp::And, oh, keep)?;
+        let p = scalar_const(b, dt, Scalar::Int(padding))?;
+        let v = broadcast_all(b, &[idx, p, n])?;
+        let at_padding = b.compare(Direction::Eq, v[0], v[1])?;
+        rows = b.select(at_padding, v[2], rows)?;
     }
-    let oh = convert(b, oh, g.dtype())?;
+    let gd = dims_of(g)?;
     let r = idx.rank();
-    let batch: Vec<i64> = (0..r as i64).collect();
-    let dims = DotDims {
-        lhs_batch: vec![],
-        rhs_batch: vec![],
-        lhs_contracting: batch.clone(),
-        rhs_contracting: batch,
+    let acc = acc_type(g.dtype());
+    let width: Vec<u64> = gd[r..].to_vec();
+    let table_ty = TensorType::new(acc, Shape::of(&[&[num as u64][..], &width[..]].concat()));
+    let table = splat(b, table_ty, Scalar::Int(0))?;
+    let dims = ScatterDims {
+        update_window_dims: (r..gd.len()).map(|d| d as i64).collect(),
+        inserted_window_dims: vec![0],
+        scatter_dims_to_operand_dims: vec![0],
+        index_vector_dim: r as i64,
     };
-    one(dot(b, oh, g, dims, HIGHEST)?)
+    let summed = b.scatter(table, rows, convert(b, g, acc)?, dims, |cur, new| {
+        b.binary(BinaryOp::Add, cur, new)
+    })?;
+    one(convert(b, summed, g.dtype())?)
 }
 
 /// The single index tensor of an `indices` list (`Tensor?[]`): only `[idx]` (trailing `None`s
