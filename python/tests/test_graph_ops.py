@@ -108,6 +108,8 @@ CASES = {
         lambda x, i: a.gather(x, 0, i),
         [randn(4, 5), torch.tensor([[3, 0, 1], [2, 2, 0]])],
     ),
+    "gather_dim1_3d": (lambda x, i: a.gather(x, 1, i), [randn(2, 5, 3), randint(0, 5, 2, 4, 3)]),
+    "gather_last_dim_ints": (lambda x, i: a.gather(x, -1, i), [randint(-9, 9, 3, 6), randint(0, 6, 3, 2)]),
     "scatter_value_dim0": (
         lambda x, i: a.scatter.value(x, 0, i, 7.5),
         [randn(4, 3), torch.tensor([[3, 0], [1, 1]])],
