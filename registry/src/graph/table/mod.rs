@@ -37,12 +37,11 @@
 //! - Indexing: reading whole rows (`embedding`, `index.Tensor`, the embedding bags) is a
 //!   `stablehlo.gather` of rows, an index outside the table giving a zero row;
 //!   `embedding_dense_backward` adds the gradient's rows into a zero table by a
-//!   `stablehlo.scatter` (an index outside the table adds nothing); `gather` gathers single
-//!   elements; `index_put` and the embedding bags' backward use a one-hot matrix (`iota ==
-//!   index`) and one
+//!   `stablehlo.scatter` (an index outside the table adds nothing); `index_put` and the
+//!   embedding bags' backward use a one-hot matrix (`iota == index`) and one
 //!   `dot_general` at `HIGHEST` precision (exact in f32: every sum has one non-zero term, and
-//!   TPUs would otherwise round f32 operands to bf16); `scatter` and `nll_loss` select with
-//!   the one-hot mask and reduce, which keeps infinities and ints exact.
+//!   TPUs would otherwise round f32 operands to bf16); `gather`, `scatter` and `nll_loss`
+//!   select with the one-hot mask and reduce, which keeps infinities and ints exact.
 //!   Negative indices wrap as in PyTorch; out-of-range ones select nothing.
 //! - `_scaled_dot_product_flash_attention_for_cpu` lowers as math: `q kᵀ · scale`, the causal
 //!   (top-left) or given mask, a stable softmax, `· v`, and the logsumexp output; its backward

@@ -440,8 +440,7 @@ fn pick_last<'b>(b: &'b KernelBuilder, mask: Tensor<'b>, x: Tensor<'b>) -> R<Ten
     reduce(b, sel, op, init, &[last], false)
 }
 
-/// `gather(self, dim, index)`: `out[..i..] = self[..index[..i..]..]` along `dim`, by a
-/// `stablehlo.gather` of single elements.
+/// `gather(self, dim, index)`: `out[..i..] = self[..index[..i..]..]` along `dim`.
 pub(super) fn gather<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let b = cx.b;
     let x = cx.tensor(0, "self")?;
@@ -450,53 +449,13 @@ pub(super) fn gather<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     if x.rank() == 0 {
         return one(x);
     }
-    index_tensor(idx, "index")?;
-    let (xs, is) = (dims_of(x)?, dims_of(idx)?);
-    if is.len() != xs.len() {
-        return bad(format!("index {} and self {} differ in rank", idx.ty(), x.ty()));
-    }
-    if let Some(e) = (0..xs.len()).find(|&e| e != d && is[e] > xs[e]) {
-        return bad(format!("index extent {is:?} exceeds {} in dimension {e}", x.ty()));
-    }
-    let r = xs.len();
-    let zeros = splat(b, TensorType::new(x.dtype(), Shape::of(&is)), Scalar::Int(0))?;
-    if xs.contains(&0) {
-        return one(zeros);
-    }
-    // One element per index: its coordinates are the index's own position, but along `d`,
-    // where they are the index (negative ones wrapped as in PyTorch), gathered in one op.
-    let dt = idx.dtype();
-    let (zero, n) =
-        (scalar_const(b, dt, Scalar::Int(0))?, scalar_const(b, dt, Scalar::Int(xs[d] as i64))?);
-    let neg = b.compare(Direction::Lt, idx, zero)?;
-    let wrapped = b.binary(BinaryOp::Add, idx, n)?;
-    let v = broadcast_all(b, &[neg, wrapped, idx])?;
-    let along_d = b.select(v[0], v[1], v[2])?;
-    let column = TensorType::new(dt, Shape::of(&[&is[..], &[1]].concat()));
-    let coords = (0..r)
-        .map(|e| {
-            if e == d {
-                Ok(b.reshape(along_d, column.shape.clone())?)
-            } else {
-                Ok(b.iota(column.clone(), e as i64)?)
-            }
-        })
-        .collect::<R<Vec<Tensor<'b>>>>()?;
-    let coords = b.concatenate(&coords, r as i64)?;
-    let all: Vec<i64> = (0..r as i64).collect();
-    let dims = GatherDims {
-        offset_dims: vec![],
-        collapsed_slice_dims: all.clone(),
-        start_index_map: all,
-        index_vector_dim: r as i64,
-    };
-    let picked = b.gather(x, coords, dims, &vec![1; r])?;
-    // An index still outside `0..self.shape[d]` selects nothing.
-    let v = broadcast_all(b, &[along_d, zero, n])?;
-    let from_zero = b.compare(Direction::Ge, v[0], v[1])?;
-    let below = b.compare(Direction::Lt, v[0], v[2])?;
-    let inside = b.binary(BinaryOp::And, from_zero, below)?;
-    one(b.select(inside, picked, zeros)?)
+    let cmp = along(b, x, d, idx)?;
+    let is = dims_of(idx)?;
+    let xs = fit(b, x, &is, d)?;
+    let r = x.rank();
+    let map: Vec<i64> = (0..r).map(|e| if e == d { r as i64 } else { e as i64 }).collect();
+    let wide = b.broadcast_in_dim(xs, cmp.ty().with_dtype(x.dtype()), &map)?;
+    one(pick_last(b, cmp, wide)?)
 }
 
 /// The scatter family along `d`: `(hit, contrib)` in `self`'s shape, where `hit` marks the
