@@ -655,6 +655,37 @@ fn check_axes(what: &str, axes: &[i64], rank: usize) -> Result<(), OpError> {
     Ok(())
 }
 
+/// The checks a `gather` or `scatter` (`op`) makes on its indices: integers, index vectors
+/// along `index_vector_dim` (the indices' rank: one scalar each), as many components as the
+/// named map (`map`) lists. Returns `index_vector_dim`.
+fn index_vectors(
+    op: &str,
+    idx: &TensorType,
+    index_vector_dim: i64,
+    map: (&str, &[i64]),
+) -> Result<usize, OpError> {
+    if !idx.dtype.is_integer() {
+        return Err(op_err!(DType, "{op} indices {idx} are not integers"));
+    }
+    let ivd = index_vector_dim;
+    if ivd < 0 || ivd as usize > idx.rank() {
+        return Err(op_err!(
+            DimensionNumbers,
+            "{op} index_vector_dim {ivd} out of range for indices {idx}"
+        ));
+    }
+    let ivd = ivd as usize;
+    let vector = if ivd < idx.rank() { static_dim(&idx.shape.0[ivd], op, idx)? } else { 1 };
+    let (name, listed) = map;
+    if listed.len() as i64 != vector {
+        return Err(op_err!(
+            DimensionNumbers,
+            "{op} index vectors of {vector} components, {name} {listed:?}"
+        ));
+    }
+    Ok(ivd)
+}
+
 /// The result type of a `gather`, with the checks StableHLO's verifier makes (batching
 /// dimensions aside: [`GatherDims`] has none).
 fn infer_gather(
@@ -663,26 +694,9 @@ fn infer_gather(
     dims: &GatherDims,
     slice_sizes: &[i64],
 ) -> Result<TensorType, OpError> {
-    if !idx.dtype.is_integer() {
-        return Err(op_err!(DType, "gather indices {idx} are not integers"));
-    }
+    let map = ("start_index_map", dims.start_index_map.as_slice());
+    let ivd = index_vectors("gather", idx, dims.index_vector_dim, map)?;
     let (rank, idx_rank) = (x.rank(), idx.rank());
-    let ivd = dims.index_vector_dim;
-    if ivd < 0 || ivd as usize > idx_rank {
-        return Err(op_err!(
-            DimensionNumbers,
-            "gather index_vector_dim {ivd} out of range for indices {idx}"
-        ));
-    }
-    let ivd = ivd as usize;
-    let vector = if ivd < idx_rank { static_dim(&idx.shape.0[ivd], "gather", idx)? } else { 1 };
-    if dims.start_index_map.len() as i64 != vector {
-        return Err(op_err!(
-            DimensionNumbers,
-            "gather index vectors of {vector} components, start_index_map {:?}",
-            dims.start_index_map
-        ));
-    }
     check_axes("gather start_index_map dim", &dims.start_index_map, rank)?;
     check_axes("gather collapsed_slice_dim", &dims.collapsed_slice_dims, rank)?;
     if slice_sizes.len() != rank {
@@ -738,29 +752,12 @@ fn check_scatter(
     upd: &TensorType,
     dims: &ScatterDims,
 ) -> Result<(), OpError> {
-    if !idx.dtype.is_integer() {
-        return Err(op_err!(DType, "scatter indices {idx} are not integers"));
-    }
+    let map = ("scatter_dims_to_operand_dims", dims.scatter_dims_to_operand_dims.as_slice());
+    let ivd = index_vectors("scatter", idx, dims.index_vector_dim, map)?;
     if upd.dtype != x.dtype {
         return Err(op_err!(DType, "scatter updates {upd} do not match operand {x}"));
     }
     let (rank, idx_rank) = (x.rank(), idx.rank());
-    let ivd = dims.index_vector_dim;
-    if ivd < 0 || ivd as usize > idx_rank {
-        return Err(op_err!(
-            DimensionNumbers,
-            "scatter index_vector_dim {ivd} out of range for indices {idx}"
-        ));
-    }
-    let ivd = ivd as usize;
-    let vector = if ivd < idx_rank { static_dim(&idx.shape.0[ivd], "scatter", idx)? } else { 1 };
-    if dims.scatter_dims_to_operand_dims.len() as i64 != vector {
-        return Err(op_err!(
-            DimensionNumbers,
-            "scatter index vectors of {vector} components, scatter_dims_to_operand_dims {:?}",
-            dims.scatter_dims_to_operand_dims
-        ));
-    }
     check_axes("scatter_dims_to_operand_dim", &dims.scatter_dims_to_operand_dims, rank)?;
     check_axes("scatter inserted_window_dim", &dims.inserted_window_dims, rank)?;
     let windows = &dims.update_window_dims;

@@ -55,6 +55,18 @@ fn ints(v: &[i64]) -> String {
     format!("[{}]", parts.join(", "))
 }
 
+/// The body of a `#stablehlo.gather<...>` or `#stablehlo.scatter<...>` attribute: each
+/// non-empty list of dims by name, then `index_vector_dim`.
+fn index_dims(lists: [(&str, &Vec<i64>); 3], index_vector_dim: i64) -> String {
+    let mut parts: Vec<String> = lists
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(name, v)| format!("{name} = {}", ints(v)))
+        .collect();
+    parts.push(format!("index_vector_dim = {index_vector_dim}"));
+    parts.join(", ")
+}
+
 impl<'a> FnPrinter<'a> {
     fn new(f: &'a Function, out: &'a mut String) -> FnPrinter<'a> {
         FnPrinter { f, out, names: Names::new(f.values.len(), f.params.len()) }
@@ -294,17 +306,14 @@ impl<'a> FnPrinter<'a> {
             Op::Gather { operand, indices, dims, slice_sizes } => {
                 let ft = self.functional(&[*operand, *indices], res);
                 let lhs = self.bind(res);
-                let mut numbers = Vec::new();
-                for (name, v) in [
-                    ("offset_dims", &dims.offset_dims),
-                    ("collapsed_slice_dims", &dims.collapsed_slice_dims),
-                    ("start_index_map", &dims.start_index_map),
-                ] {
-                    if !v.is_empty() {
-                        numbers.push(format!("{name} = {}", ints(v)));
-                    }
-                }
-                numbers.push(format!("index_vector_dim = {}", dims.index_vector_dim));
+                let numbers = index_dims(
+                    [
+                        ("offset_dims", &dims.offset_dims),
+                        ("collapsed_slice_dims", &dims.collapsed_slice_dims),
+                        ("start_index_map", &dims.start_index_map),
+                    ],
+                    dims.index_vector_dim,
+                );
                 let sizes: Vec<String> = slice_sizes.iter().map(ToString::to_string).collect();
                 format!(
                     "{lhs}\"stablehlo.gather\"({}, {}) {{dimension_numbers = \
@@ -312,7 +321,7 @@ impl<'a> FnPrinter<'a> {
                      false}} : {ft}",
                     self.name(*operand),
                     self.name(*indices),
-                    numbers.join(", "),
+                    numbers,
                     sizes.join(", ")
                 )
             }
@@ -480,23 +489,20 @@ impl<'a> FnPrinter<'a> {
                 self.indent(level);
                 let _ = writeln!(self.out, "^bb0({}):", params.join(", "));
                 self.region_body(*body, level + 1, "stablehlo.return");
-                let mut numbers = Vec::new();
-                for (name, v) in [
-                    ("update_window_dims", &dims.update_window_dims),
-                    ("inserted_window_dims", &dims.inserted_window_dims),
-                    ("scatter_dims_to_operand_dims", &dims.scatter_dims_to_operand_dims),
-                ] {
-                    if !v.is_empty() {
-                        numbers.push(format!("{name} = {}", ints(v)));
-                    }
-                }
-                numbers.push(format!("index_vector_dim = {}", dims.index_vector_dim));
+                let numbers = index_dims(
+                    [
+                        ("update_window_dims", &dims.update_window_dims),
+                        ("inserted_window_dims", &dims.inserted_window_dims),
+                        ("scatter_dims_to_operand_dims", &dims.scatter_dims_to_operand_dims),
+                    ],
+                    dims.index_vector_dim,
+                );
                 self.indent(level);
                 let _ = writeln!(
                     self.out,
                     "}}) {{indices_are_sorted = false, scatter_dimension_numbers = \
                      #stablehlo.scatter<{}>, unique_indices = false}} : {ft}",
-                    numbers.join(", ")
+                    numbers
                 );
                 return;
             }

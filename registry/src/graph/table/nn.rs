@@ -95,15 +95,21 @@ fn index_tensor(t: Tensor<'_>, name: &str) -> R<()> {
     Ok(())
 }
 
-/// `onehot[..., k] = (idx[...] == k)` for `k` in `0..size` (negative indices wrap): `I + [size]`.
-fn one_hot<'b>(b: &'b KernelBuilder, idx: Tensor<'b>, size: u64) -> R<Tensor<'b>> {
+/// `idx` with each negative index `i` taken as `i + size`, as PyTorch's indexing reads it.
+fn wrap_negative<'b>(b: &'b KernelBuilder, idx: Tensor<'b>, size: i64) -> R<Tensor<'b>> {
     let dt = idx.dtype();
     let zero = scalar_const(b, dt, Scalar::Int(0))?;
-    let n = scalar_const(b, dt, Scalar::Int(size as i64))?;
+    let n = scalar_const(b, dt, Scalar::Int(size))?;
     let neg = b.compare(Direction::Lt, idx, zero)?;
     let wrapped = b.binary(BinaryOp::Add, idx, n)?;
     let v = broadcast_all(b, &[neg, wrapped, idx])?;
-    let idx = b.select(v[0], v[1], v[2])?;
+    Ok(b.select(v[0], v[1], v[2])?)
+}
+
+/// `onehot[..., k] = (idx[...] == k)` for `k` in `0..size` (negative indices wrap): `I + [size]`.
+fn one_hot<'b>(b: &'b KernelBuilder, idx: Tensor<'b>, size: u64) -> R<Tensor<'b>> {
+    let dt = idx.dtype();
+    let idx = wrap_negative(b, idx, size as i64)?;
     let mut dims = dims_of(idx)?;
     let r = dims.len();
     dims.push(size);
@@ -134,13 +140,7 @@ fn take_rows<'b>(b: &'b KernelBuilder, table: Tensor<'b>, idx: Tensor<'b>) -> R<
     if rows == 0 {
         return Ok(zeros);
     }
-    let dt = idx.dtype();
-    let zero = scalar_const(b, dt, Scalar::Int(0))?;
-    let n = scalar_const(b, dt, Scalar::Int(rows as i64))?;
-    let neg = b.compare(Direction::Lt, idx, zero)?;
-    let wrapped = b.binary(BinaryOp::Add, idx, n)?;
-    let v = broadcast_all(b, &[neg, wrapped, idx])?;
-    let idx = b.select(v[0], v[1], v[2])?;
+    let idx = wrap_negative(b, idx, rows as i64)?;
     let gather = GatherDims {
         offset_dims: (r..r + rest.len()).map(|d| d as i64).collect(),
         collapsed_slice_dims: vec![0],
@@ -149,6 +149,9 @@ fn take_rows<'b>(b: &'b KernelBuilder, table: Tensor<'b>, idx: Tensor<'b>) -> R<
     };
     let sizes: Vec<i64> = std::iter::once(1).chain(rest.iter().map(|&d| d as i64)).collect();
     let picked = b.gather(table, idx, gather, &sizes)?;
+    let dt = idx.dtype();
+    let zero = scalar_const(b, dt, Scalar::Int(0))?;
+    let n = scalar_const(b, dt, Scalar::Int(rows as i64))?;
     let v = broadcast_all(b, &[idx, zero, n])?;
     let from_zero = b.compare(Direction::Ge, v[0], v[1])?;
     let below = b.compare(Direction::Lt, v[0], v[2])?;
@@ -185,11 +188,7 @@ pub(super) fn embedding_dense_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     // outside the table, point past its end, where the scatter skips them.
     let dt = idx.dtype();
     let n = scalar_const(b, dt, Scalar::Int(num))?;
-    let zero = scalar_const(b, dt, Scalar::Int(0))?;
-    let neg = b.compare(Direction::Lt, idx, zero)?;
-    let wrapped = b.binary(BinaryOp::Add, idx, n)?;
-    let v = broadcast_all(b, &[neg, wrapped, idx])?;
-    let mut rows = b.select(v[0], v[1], v[2])?;
+    let mut rows = wrap_negative(b, idx, num)?;
     if padding >= 0 {
         let p = scalar_const(b, dt, Scalar::Int(padding))?;
         let v = broadcast_all(b, &[idx, p, n])?;
