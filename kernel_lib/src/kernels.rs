@@ -432,18 +432,19 @@ fn zero_rows_out_of_range<'b>(
     Ok(from_zero.select(below.select(rows, zero), zero))
 }
 
-/// `x[i, target[i]]` for each row `i` of `x[N, C]` (`[N]`), by a gather: an index outside
-/// `0..C` is clamped into range, so callers mask those rows ([`zero_rows_out_of_range`]).
+/// `x[i, target[i]]` for each row `i` of `x[N, C]` (`[N]`), by a gather batched over the rows
+/// (rows stay parallel when SPMD partitioning splits them): an index outside `0..C` is clamped
+/// into range, so callers mask those rows ([`zero_rows_out_of_range`]).
 fn pick_per_row<'b>(x: Tensor<'b>, target: Tensor<'b>) -> Result<Tensor<'b>, BuildError> {
     let b = x.builder();
     let n = x.shape().0[0].clone();
-    let column = Shape(vec![n.clone(), Dim::Static(1)]);
-    let rows = b.iota(TensorType { dtype: target.dtype(), shape: column.clone() }, 0)?;
-    let indices = b.concatenate(&[rows, target.reshape(column)], 1)?;
+    let indices = target.reshape(Shape(vec![n, Dim::Static(1)]));
     let dims = GatherDims {
         offset_dims: vec![],
-        collapsed_slice_dims: vec![0, 1],
-        start_index_map: vec![0, 1],
+        collapsed_slice_dims: vec![1],
+        operand_batching_dims: vec![0],
+        start_indices_batching_dims: vec![0],
+        start_index_map: vec![1],
         index_vector_dim: 1,
     };
     b.gather(x, indices, dims, &[1, 1])

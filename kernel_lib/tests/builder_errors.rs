@@ -496,6 +496,7 @@ fn gather_dims(offset: &[i64], collapsed: &[i64], map: &[i64], ivd: i64) -> Gath
         collapsed_slice_dims: collapsed.to_vec(),
         start_index_map: map.to_vec(),
         index_vector_dim: ivd,
+        ..Default::default()
     }
 }
 
@@ -568,12 +569,95 @@ fn gather_prints_as_stablehlo_generic_form() {
     );
 }
 
+#[test]
+fn batching_dims_pair_operand_and_index_dims_of_equal_size() {
+    let b = builder(&[t(DType::F32, &[6, 8]), t(DType::I64, &[6, 1]), t(DType::I64, &[5, 1])]);
+    let [x, cols, short] = [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap()];
+    let per_row = |operand: &[i64], indices: &[i64], collapsed: &[i64]| GatherDims {
+        collapsed_slice_dims: collapsed.to_vec(),
+        operand_batching_dims: operand.to_vec(),
+        start_indices_batching_dims: indices.to_vec(),
+        start_index_map: vec![1],
+        index_vector_dim: 1,
+        ..Default::default()
+    };
+    // One element of each row: [6].
+    let picked = b.gather(x, cols, per_row(&[0], &[0], &[1]), &[1, 1]).unwrap();
+    assert_eq!(picked.ty(), t(DType::F32, &[6]));
+    expect_err(
+        b.gather(x, short, per_row(&[0], &[0], &[1]), &[1, 1]),
+        ErrorKind::Shape,
+        &["stablehlo.gather", "batching dim 0 of tensor<6x8xf32> and dim 0 of indices"],
+    );
+    expect_err(
+        b.gather(x, cols, per_row(&[0], &[], &[1]), &[1, 1]),
+        ErrorKind::DimensionNumbers,
+        &["pairs operand batching dims [0] with indices batching dims []"],
+    );
+    expect_err(
+        b.gather(x, cols, per_row(&[0], &[1], &[1]), &[1, 1]),
+        ErrorKind::DimensionNumbers,
+        &["include index_vector_dim 1"],
+    );
+    expect_err(
+        b.gather(x, cols, per_row(&[0], &[0], &[0, 1]), &[1, 1]),
+        ErrorKind::DimensionNumbers,
+        &["operand batching dim 0 is also among its collapsed_slice_dims"],
+    );
+    expect_err(
+        b.gather(x, cols, per_row(&[0], &[0], &[1]), &[2, 1]),
+        ErrorKind::DimensionNumbers,
+        &["collapses dim 0 of slice size 2"],
+    );
+    let text = b.finish(&[picked]).unwrap().to_text();
+    assert!(
+        text.contains(
+            "#stablehlo.gather<collapsed_slice_dims = [1], operand_batching_dims = [0], \
+             start_indices_batching_dims = [0], start_index_map = [1], index_vector_dim = 1>"
+        ),
+        "{text}"
+    );
+
+    let b = builder(&[t(DType::F32, &[6, 8]), t(DType::I64, &[6, 1]), t(DType::F32, &[6])]);
+    let [x, cols, upd] = [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap()];
+    let per_row = |operand: &[i64], inserted: &[i64]| ScatterDims {
+        inserted_window_dims: inserted.to_vec(),
+        input_batching_dims: operand.to_vec(),
+        scatter_indices_batching_dims: vec![0],
+        scatter_dims_to_operand_dims: vec![1],
+        index_vector_dim: 1,
+        ..Default::default()
+    };
+    let added = b.scatter(x, cols, upd, per_row(&[0], &[1]), |c, n| Ok(c + n)).unwrap();
+    assert_eq!(added.ty(), t(DType::F32, &[6, 8]));
+    expect_err(
+        b.scatter(x, cols, upd, per_row(&[0], &[]), |c, n| Ok(c + n)),
+        ErrorKind::DimensionNumbers,
+        &["stablehlo.scatter", "input_batching_dims [0] must cover the 2 dims"],
+    );
+    expect_err(
+        b.scatter(x, cols, upd, per_row(&[1], &[0]), |c, n| Ok(c + n)),
+        ErrorKind::Shape,
+        &["batching dim 1 of tensor<6x8xf32> and dim 0 of indices"],
+    );
+    let text = b.finish(&[added]).unwrap().to_text();
+    assert!(
+        text.contains(
+            "#stablehlo.scatter<inserted_window_dims = [1], input_batching_dims = [0], \
+             scatter_indices_batching_dims = [0], scatter_dims_to_operand_dims = [1], \
+             index_vector_dim = 1>"
+        ),
+        "{text}"
+    );
+}
+
 fn scatter_dims(window: &[i64], inserted: &[i64], map: &[i64], ivd: i64) -> ScatterDims {
     ScatterDims {
         update_window_dims: window.to_vec(),
         inserted_window_dims: inserted.to_vec(),
         scatter_dims_to_operand_dims: map.to_vec(),
         index_vector_dim: ivd,
+        ..Default::default()
     }
 }
 

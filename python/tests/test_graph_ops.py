@@ -122,6 +122,18 @@ CASES = {
         lambda x, i, s: a.scatter_add(x, 1, i, s),
         [randn(3, 5), torch.tensor([[4, 0, 4], [1, 2, 1], [3, 3, 3]]), randn(3, 3)],
     ),
+    "scatter_add_smaller_index": (
+        lambda x, i, s: a.scatter_add(x, 0, i, s),
+        [randn(4, 5), randint(0, 4, 3, 2), randn(3, 3)],
+    ),
+    "scatter_value_3d_last_dim": (
+        lambda x, i: a.scatter.value(x, 2, i, -1.5),
+        [randn(2, 3, 4), torch.tensor([[[0, 3], [1, 1], [2, 0]], [[3, 3], [0, 1], [2, 2]]])],
+    ),
+    "gather_dim0_more_rows": (
+        lambda x, i: a.gather(x, 0, i),
+        [randn(5, 4), randint(0, 5, 7, 4)],
+    ),
     # reductions
     "max_dim": (lambda x: a.max.dim(x, 1, True), [torch.tensor([[1.0, 3.0, 3.0], [-2.0, -5.0, -1.0]])]),
     "min_dim": (lambda x: a.min.dim(x, 0), [randn(4, 3)]),

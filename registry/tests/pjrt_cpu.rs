@@ -459,6 +459,7 @@ fn a_built_gather_runs_with_stablehlo_semantics() {
         collapsed_slice_dims: vec![0],
         start_index_map: vec![0],
         index_vector_dim: 1,
+        ..Default::default()
     };
     let out = b.gather(b.arg(0).unwrap(), b.arg(1).unwrap(), dims, &[1, 3]).unwrap();
     let exe = compile(&client, &b.finish(&[out]).unwrap().to_text());
@@ -491,6 +492,7 @@ fn a_built_scatter_adds_rows_and_skips_windows_outside() {
         inserted_window_dims: vec![0],
         scatter_dims_to_operand_dims: vec![0],
         index_vector_dim: 1,
+        ..Default::default()
     };
     let [x, i, u] = [b.arg(0).unwrap(), b.arg(1).unwrap(), b.arg(2).unwrap()];
     let out = b.scatter(x, i, u, dims, |c, n| Ok(c + n)).unwrap();
@@ -501,4 +503,47 @@ fn a_built_scatter_adds_rows_and_skips_windows_outside() {
     let updates = client.buffer_from_host(&upd, &[5, 2]).unwrap();
     let got = exe.execute(&[&table, &idx, &updates]).unwrap()[0].to_vec::<f32>().unwrap();
     assert_eq!(got, vec![0.5, 0.5, 6.5, 8.5, 0.5, 0.5, 3.5, 4.5]);
+}
+
+#[test]
+fn a_batched_gather_and_scatter_read_and_write_one_element_a_row() {
+    use tpu_kernels::ir::{GatherDims, ScatterDims};
+    use tpu_kernels::{DType, KernelBuilder, TensorType};
+    let Some(client) = cpu_client_for_tests(1) else { return };
+    // Row i of a [3, 4] operand read and written at column idx[i] (a batched gather and scatter
+    // over the rows, as the per-row pick of a loss): the index vectors hold only the column.
+    let b = KernelBuilder::new(
+        "per_row",
+        &[TensorType::new(DType::F32, [3u64, 4]), TensorType::new(DType::I64, [3u64, 1])],
+    );
+    let [x, i] = [b.arg(0).unwrap(), b.arg(1).unwrap()];
+    let gather = GatherDims {
+        collapsed_slice_dims: vec![1],
+        operand_batching_dims: vec![0],
+        start_indices_batching_dims: vec![0],
+        start_index_map: vec![1],
+        index_vector_dim: 1,
+        ..Default::default()
+    };
+    let picked = b.gather(x, i, gather, &[1, 1]).unwrap();
+    let scatter = ScatterDims {
+        inserted_window_dims: vec![1],
+        input_batching_dims: vec![0],
+        scatter_indices_batching_dims: vec![0],
+        scatter_dims_to_operand_dims: vec![1],
+        index_vector_dim: 1,
+        ..Default::default()
+    };
+    let written = b.scatter(x, i, picked, scatter, |c, n| Ok(c + n)).unwrap();
+    let exe = compile(&client, &b.finish(&[picked, written]).unwrap().to_text());
+    let data: Vec<f32> = (0..12).map(|v| v as f32).collect();
+    let xs = client.buffer_from_host(&data, &[3, 4]).unwrap();
+    let idx = client.buffer_from_host(&[2i64, 0, 3], &[3, 1]).unwrap();
+    let out = exe.execute(&[&xs, &idx]).unwrap();
+    assert_eq!(out[0].to_vec::<f32>().unwrap(), vec![2.0, 4.0, 11.0]);
+    let mut doubled = data.clone();
+    for (row, col) in [(0, 2), (1, 0), (2, 3)] {
+        doubled[row * 4 + col] *= 2.0;
+    }
+    assert_eq!(out[1].to_vec::<f32>().unwrap(), doubled);
 }

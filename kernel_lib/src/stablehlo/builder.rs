@@ -412,7 +412,7 @@ impl KernelBuilder {
 
     /// `stablehlo.gather`: slices of `slice_sizes` of `x` at the index vectors in `indices`
     /// (integers; each start clamped into range, as StableHLO does), laid out as `dims` says.
-    /// Checked as StableHLO's verifier does; batching dimensions are not supported.
+    /// Checked as StableHLO's verifier does.
     pub fn gather(
         &self,
         x: Tensor<'_>,
@@ -429,7 +429,7 @@ impl KernelBuilder {
     /// `stablehlo.scatter`: `x` with each window of `updates` combined into it at its index
     /// vector in `indices` by `combine` (the current element and the update, scalars; returns
     /// the new element), laid out as `dims` says. A window outside `x` is skipped, as StableHLO
-    /// does. Checked as StableHLO's verifier does; batching dimensions are not supported.
+    /// does. Checked as StableHLO's verifier does.
     pub fn scatter<'b>(
         &'b self,
         x: Tensor<'b>,

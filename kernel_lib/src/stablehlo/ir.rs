@@ -168,26 +168,33 @@ pub struct DotDims {
     pub rhs_contracting: Vec<i64>,
 }
 
-/// `gather` dimension numbers (StableHLO's, without batching dimensions): which result dims hold
-/// the slices (`offset_dims`), which slice dims (of size 1) are dropped, which operand dim each
-/// component of an index vector starts, and which dim of the indices holds the index vectors
-/// (its rank: one scalar index per position).
+/// `gather` dimension numbers (StableHLO's): which result dims hold the slices
+/// (`offset_dims`), which slice dims (of size 1) are dropped, which operand dims are batch dims
+/// paired in order with dims of the indices (each index vector reads the operand at its own
+/// position along them, as a batched gather: SPMD partitioning keeps them parallel), which
+/// operand dim each component of an index vector starts, and which dim of the indices holds the
+/// index vectors (its rank: one scalar index per position).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct GatherDims {
     pub offset_dims: Vec<i64>,
     pub collapsed_slice_dims: Vec<i64>,
+    pub operand_batching_dims: Vec<i64>,
+    pub start_indices_batching_dims: Vec<i64>,
     pub start_index_map: Vec<i64>,
     pub index_vector_dim: i64,
 }
 
-/// `scatter` dimension numbers (StableHLO's, without batching dimensions): which dims of the
-/// updates are window dims, which operand dims (of window size 1) the windows leave out,
-/// which operand dim each component of an index vector starts, and which dim of the indices
-/// holds the index vectors (its rank: one scalar index per position).
+/// `scatter` dimension numbers (StableHLO's): which dims of the updates are window dims, which
+/// operand dims (of window size 1) the windows leave out, which operand dims are batch dims
+/// paired in order with dims of the indices (left out of the windows too), which operand dim
+/// each component of an index vector starts, and which dim of the indices holds the index
+/// vectors (its rank: one scalar index per position).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ScatterDims {
     pub update_window_dims: Vec<i64>,
     pub inserted_window_dims: Vec<i64>,
+    pub input_batching_dims: Vec<i64>,
+    pub scatter_indices_batching_dims: Vec<i64>,
     pub scatter_dims_to_operand_dims: Vec<i64>,
     pub index_vector_dim: i64,
 }
@@ -686,8 +693,49 @@ fn index_vectors(
     Ok(ivd)
 }
 
-/// The result type of a `gather`, with the checks StableHLO's verifier makes (batching
-/// dimensions aside: [`GatherDims`] has none).
+/// The checks a `gather` or `scatter` (`op`) makes on its batching dims: `operand` dims of `x`
+/// paired in order with `indices` dims of `idx` (not its index-vector dim `ivd`), of equal
+/// sizes, and none of them among the operand dims `taken` lists (`(name, dims)` pairs).
+fn batching_dims(
+    op: &str,
+    (x, operand): (&TensorType, &[i64]),
+    (idx, indices): (&TensorType, &[i64]),
+    ivd: usize,
+    taken: [(&str, &[i64]); 2],
+) -> Result<(), OpError> {
+    check_axes(&format!("{op} operand batching dim"), operand, x.rank())?;
+    check_axes(&format!("{op} indices batching dim"), indices, idx.rank())?;
+    if operand.len() != indices.len() {
+        return Err(op_err!(
+            DimensionNumbers,
+            "{op} pairs operand batching dims {operand:?} with indices batching dims {indices:?}"
+        ));
+    }
+    if indices.contains(&(ivd as i64)) {
+        return Err(op_err!(
+            DimensionNumbers,
+            "{op} indices batching dims {indices:?} include index_vector_dim {ivd}"
+        ));
+    }
+    for (&o, &i) in operand.iter().zip(indices) {
+        let (a, b) = (&x.shape.0[o as usize], &idx.shape.0[i as usize]);
+        if a != b {
+            return Err(op_err!(
+                Shape,
+                "{op} batching dim {o} of {x} and dim {i} of indices {idx} differ"
+            ));
+        }
+        if let Some((name, _)) = taken.iter().find(|(_, dims)| dims.contains(&o)) {
+            return Err(op_err!(
+                DimensionNumbers,
+                "{op} operand batching dim {o} is also among its {name}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The result type of a `gather`, with the checks StableHLO's verifier makes.
 fn infer_gather(
     x: &TensorType,
     idx: &TensorType,
@@ -699,6 +747,17 @@ fn infer_gather(
     let (rank, idx_rank) = (x.rank(), idx.rank());
     check_axes("gather start_index_map dim", &dims.start_index_map, rank)?;
     check_axes("gather collapsed_slice_dim", &dims.collapsed_slice_dims, rank)?;
+    let batching = dims.operand_batching_dims.as_slice();
+    batching_dims(
+        "gather",
+        (x, batching),
+        (idx, &dims.start_indices_batching_dims),
+        ivd,
+        [
+            ("collapsed_slice_dims", &dims.collapsed_slice_dims),
+            ("start_index_map", &dims.start_index_map),
+        ],
+    )?;
     if slice_sizes.len() != rank {
         return Err(op_err!(DimensionNumbers, "gather of {x} needs {rank} slice sizes"));
     }
@@ -708,7 +767,7 @@ fn infer_gather(
         if s < 0 || s > size {
             return Err(op_err!(DimensionNumbers, "slice size {s} exceeds dim {i} of {x}"));
         }
-        if dims.collapsed_slice_dims.contains(&(i as i64)) {
+        if dims.collapsed_slice_dims.contains(&(i as i64)) || batching.contains(&(i as i64)) {
             if s > 1 {
                 return Err(op_err!(
                     DimensionNumbers,
@@ -744,8 +803,7 @@ fn infer_gather(
     Ok(x.with_shape(Shape(shape)))
 }
 
-/// The checks StableHLO's verifier makes on a `scatter` of one operand (batching dimensions
-/// aside: [`ScatterDims`] has none).
+/// The checks StableHLO's verifier makes on a `scatter` of one operand.
 fn check_scatter(
     x: &TensorType,
     idx: &TensorType,
@@ -760,13 +818,26 @@ fn check_scatter(
     let (rank, idx_rank) = (x.rank(), idx.rank());
     check_axes("scatter_dims_to_operand_dim", &dims.scatter_dims_to_operand_dims, rank)?;
     check_axes("scatter inserted_window_dim", &dims.inserted_window_dims, rank)?;
+    let batching = dims.input_batching_dims.as_slice();
+    batching_dims(
+        "scatter",
+        (x, batching),
+        (idx, &dims.scatter_indices_batching_dims),
+        ivd,
+        [
+            ("inserted_window_dims", &dims.inserted_window_dims),
+            ("scatter_dims_to_operand_dims", &dims.scatter_dims_to_operand_dims),
+        ],
+    )?;
     let windows = &dims.update_window_dims;
     check_axes("scatter update_window_dim", windows, upd.rank())?;
-    if !windows.is_sorted() || windows.len() + dims.inserted_window_dims.len() != rank {
+    if !windows.is_sorted()
+        || windows.len() + dims.inserted_window_dims.len() + batching.len() != rank
+    {
         return Err(op_err!(
             DimensionNumbers,
-            "scatter update_window_dims {windows:?} and inserted_window_dims {:?} must cover \
-             the {rank} dims of {x}, in order",
+            "scatter update_window_dims {windows:?}, inserted_window_dims {:?} and \
+             input_batching_dims {batching:?} must cover the {rank} dims of {x}, in order",
             dims.inserted_window_dims
         ));
     }
@@ -779,7 +850,9 @@ fn check_scatter(
         ));
     }
     let mut batch = batch.into_iter();
-    let mut window_of = (0..rank).filter(|d| !dims.inserted_window_dims.contains(&(*d as i64)));
+    let mut window_of = (0..rank).filter(|d| {
+        !dims.inserted_window_dims.contains(&(*d as i64)) && !batching.contains(&(*d as i64))
+    });
     for (d, size) in upd.shape.0.iter().enumerate() {
         if windows.contains(&(d as i64)) {
             let Some(o) = window_of.next() else { break };

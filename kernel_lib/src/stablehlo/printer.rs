@@ -57,7 +57,7 @@ fn ints(v: &[i64]) -> String {
 
 /// The body of a `#stablehlo.gather<...>` or `#stablehlo.scatter<...>` attribute: each
 /// non-empty list of dims by name, then `index_vector_dim`.
-fn index_dims(lists: [(&str, &Vec<i64>); 3], index_vector_dim: i64) -> String {
+fn index_dims(lists: [(&str, &Vec<i64>); 5], index_vector_dim: i64) -> String {
     let mut parts: Vec<String> = lists
         .iter()
         .filter(|(_, v)| !v.is_empty())
@@ -310,6 +310,8 @@ impl<'a> FnPrinter<'a> {
                     [
                         ("offset_dims", &dims.offset_dims),
                         ("collapsed_slice_dims", &dims.collapsed_slice_dims),
+                        ("operand_batching_dims", &dims.operand_batching_dims),
+                        ("start_indices_batching_dims", &dims.start_indices_batching_dims),
                         ("start_index_map", &dims.start_index_map),
                     ],
                     dims.index_vector_dim,
@@ -493,6 +495,8 @@ impl<'a> FnPrinter<'a> {
                     [
                         ("update_window_dims", &dims.update_window_dims),
                         ("inserted_window_dims", &dims.inserted_window_dims),
+                        ("input_batching_dims", &dims.input_batching_dims),
+                        ("scatter_indices_batching_dims", &dims.scatter_indices_batching_dims),
                         ("scatter_dims_to_operand_dims", &dims.scatter_dims_to_operand_dims),
                     ],
                     dims.index_vector_dim,

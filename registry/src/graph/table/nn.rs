@@ -146,16 +146,11 @@ fn take_rows<'b>(b: &'b KernelBuilder, table: Tensor<'b>, idx: Tensor<'b>) -> R<
         collapsed_slice_dims: vec![0],
         start_index_map: vec![0],
         index_vector_dim: r as i64,
+        ..Default::default()
     };
     let sizes: Vec<i64> = std::iter::once(1).chain(rest.iter().map(|&d| d as i64)).collect();
     let picked = b.gather(table, idx, gather, &sizes)?;
-    let dt = idx.dtype();
-    let zero = scalar_const(b, dt, Scalar::Int(0))?;
-    let n = scalar_const(b, dt, Scalar::Int(rows as i64))?;
-    let v = broadcast_all(b, &[idx, zero, n])?;
-    let from_zero = b.compare(Direction::Ge, v[0], v[1])?;
-    let below = b.compare(Direction::Lt, v[0], v[2])?;
-    let inside = b.binary(BinaryOp::And, from_zero, below)?;
+    let inside = in_range(b, idx, rows)?;
     let map: Vec<i64> = (0..r as i64).collect();
     let inside = b.broadcast_in_dim(inside, out_ty.with_dtype(DType::Bool), &map)?;
     Ok(b.select(inside, picked, zeros)?)
@@ -206,6 +201,7 @@ pub(super) fn embedding_dense_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         inserted_window_dims: vec![0],
         scatter_dims_to_operand_dims: vec![0],
         index_vector_dim: r as i64,
+        ..Default::default()
     };
     let summed = b.scatter(table, rows, convert(b, g, acc)?, dims, |cur, new| {
         b.binary(BinaryOp::Add, cur, new)
@@ -400,15 +396,18 @@ fn put_rows<'b>(
     convert(b, out, dt)
 }
 
-/// `(index, self)` prepared for a gather/scatter along `d`: the comparison `index == k` as
-/// `I + [K]` (`K` = `self.shape[d]`).
-fn along<'b>(b: &'b KernelBuilder, x: Tensor<'b>, d: usize, idx: Tensor<'b>) -> R<Tensor<'b>> {
+/// `index` checked against `self` for a gather or scatter along `d`: an integer tensor of
+/// `self`'s rank, no larger in any other dimension. Returns both shapes.
+fn along_dims(x: Tensor<'_>, d: usize, idx: Tensor<'_>) -> R<(Vec<u64>, Vec<u64>)> {
     index_tensor(idx, "index")?;
     let (xs, is) = (dims_of(x)?, dims_of(idx)?);
     if is.len() != xs.len() {
         return bad(format!("index {} and self {} differ in rank", idx.ty(), x.ty()));
     }
-    one_hot(b, idx, xs[d])
+    if let Some(e) = (0..xs.len()).find(|&e| e != d && is[e] > xs[e]) {
+        return bad(format!("index extent {is:?} exceeds {} in dimension {e}", x.ty()));
+    }
+    Ok((xs, is))
 }
 
 /// `x` sliced to `idx`'s extent in every dimension but `d`.
@@ -429,17 +428,45 @@ fn fit<'b>(b: &'b KernelBuilder, x: Tensor<'b>, like: &[u64], d: usize) -> R<Ten
     Ok(b.slice(x, &vec![0; xs.len()], &hi, &vec![1; xs.len()])?)
 }
 
-/// `sum_k select(mask, x, 0)` over the last axis (or `or` for bools): exact for one hit.
-fn pick_last<'b>(b: &'b KernelBuilder, mask: Tensor<'b>, x: Tensor<'b>) -> R<Tensor<'b>> {
-    let zero = splat(b, x.ty(), Scalar::Int(0))?;
-    let sel = b.select(mask, x, zero)?;
-    let last = x.rank() - 1;
-    let op = if x.dtype() == DType::Bool { BinaryOp::Or } else { BinaryOp::Add };
-    let init = if x.dtype() == DType::Bool { Scalar::Bool(false) } else { Scalar::Int(0) };
-    reduce(b, sel, op, init, &[last], false)
+/// Whether each element of `idx` (already wrapped) lies in `0..size`.
+fn in_range<'b>(b: &'b KernelBuilder, idx: Tensor<'b>, size: u64) -> R<Tensor<'b>> {
+    let dt = idx.dtype();
+    let zero = scalar_const(b, dt, Scalar::Int(0))?;
+    let n = scalar_const(b, dt, Scalar::Int(size as i64))?;
+    let v = broadcast_all(b, &[idx, zero, n])?;
+    let from_zero = b.compare(Direction::Ge, v[0], v[1])?;
+    let below = b.compare(Direction::Lt, v[0], v[2])?;
+    Ok(b.binary(BinaryOp::And, from_zero, below)?)
 }
 
-/// `gather(self, dim, index)`: `out[..i..] = self[..index[..i..]..]` along `dim`.
+/// The index vectors of a gather or scatter of single elements along `d` of an operand of
+/// `rank` dims, at the positions of `idx` (wrapped): `(indices, batch dims, map)`. The other
+/// dims are batch dims of the op (each index reads or writes at its own position there, which
+/// SPMD partitioning keeps parallel) when `batched`; otherwise the index vectors spell those
+/// coordinates out (an index smaller than the operand in some other dim).
+fn element_indices<'b>(
+    b: &'b KernelBuilder,
+    idx: Tensor<'b>,
+    d: usize,
+    rank: usize,
+    batched: bool,
+) -> R<(Tensor<'b>, Vec<i64>, Vec<i64>)> {
+    let is = dims_of(idx)?;
+    let column = TensorType::new(idx.dtype(), Shape::of(&[&is[..], &[1]].concat()));
+    let along_d = b.reshape(idx, column.shape.clone())?;
+    if batched {
+        let others = (0..rank as i64).filter(|&e| e != d as i64).collect();
+        return Ok((along_d, others, vec![d as i64]));
+    }
+    let coords = (0..rank)
+        .map(|e| if e == d { Ok(along_d) } else { Ok(b.iota(column.clone(), e as i64)?) })
+        .collect::<R<Vec<Tensor<'b>>>>()?;
+    Ok((b.concatenate(&coords, rank as i64)?, vec![], (0..rank as i64).collect()))
+}
+
+/// `gather(self, dim, index)`: `out[..i..] = self[..index[..i..]..]` along `dim`, by a
+/// `stablehlo.gather` of single elements; an index outside `self` (after negative ones wrap)
+/// reads zero.
 pub(super) fn gather<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let b = cx.b;
     let x = cx.tensor(0, "self")?;
@@ -448,70 +475,90 @@ pub(super) fn gather<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     if x.rank() == 0 {
         return one(x);
     }
-    let cmp = along(b, x, d, idx)?;
-    let is = dims_of(idx)?;
-    let xs = fit(b, x, &is, d)?;
-    let r = x.rank();
-    let map: Vec<i64> = (0..r).map(|e| if e == d { r as i64 } else { e as i64 }).collect();
-    let wide = b.broadcast_in_dim(xs, cmp.ty().with_dtype(x.dtype()), &map)?;
-    one(pick_last(b, cmp, wide)?)
+    let (xs, is) = along_dims(x, d, idx)?;
+    let zeros = splat(b, TensorType::new(x.dtype(), Shape::of(&is)), Scalar::Int(0))?;
+    if xs.contains(&0) || is.contains(&0) {
+        return one(zeros);
+    }
+    let wrapped = wrap_negative(b, idx, xs[d] as i64)?;
+    let picked = gather_elements(b, fit(b, x, &is, d)?, d, wrapped)?;
+    one(b.select(in_range(b, wrapped, xs[d])?, picked, zeros)?)
 }
 
-/// The scatter family along `d`: `(hit, contrib)` in `self`'s shape, where `hit` marks the
-/// elements some index points at and `contrib` sums what is written there (`src` or `value`).
-fn scatter_parts<'b>(
+/// `x[..i.., idx[..i..], ..i..]` along `d` for `idx` of `x`'s shape but along `d` (wrapped),
+/// gathered batched over the other dims. An index outside `x` is clamped into range (callers
+/// mask it).
+fn gather_elements<'b>(
     b: &'b KernelBuilder,
     x: Tensor<'b>,
     d: usize,
     idx: Tensor<'b>,
-    src: Option<Tensor<'b>>,
-) -> R<(Tensor<'b>, Option<Tensor<'b>>)> {
-    let cmp = along(b, x, d, idx)?;
-    let is = dims_of(idx)?;
-    let xs = dims_of(x)?;
+) -> R<Tensor<'b>> {
+    let r = x.rank();
+    let (coords, batch, map) = element_indices(b, idx, d, r, true)?;
+    let dims = GatherDims {
+        offset_dims: vec![],
+        collapsed_slice_dims: map.clone(),
+        operand_batching_dims: batch.clone(),
+        start_indices_batching_dims: batch,
+        start_index_map: map,
+        index_vector_dim: r as i64,
+    };
+    Ok(b.gather(x, coords, dims, &vec![1; r])?)
+}
+
+/// How the scatter family writes an element.
+#[derive(Clone, Copy)]
+enum Write {
+    /// Overwrites it (repeated indices: one of the writes wins, as PyTorch leaves unspecified).
+    Replace,
+    /// Adds to it (`or` for bools).
+    Add,
+}
+
+/// The scatter family along `d`: `self` with `src` (cut to the index's extent) written at
+/// `index` by a `stablehlo.scatter` of single elements. Negative indices wrap; one still
+/// outside `self` writes nothing.
+fn scatter_along<'b>(
+    b: &'b KernelBuilder,
+    x: Tensor<'b>,
+    d: usize,
+    idx: Tensor<'b>,
+    src: Tensor<'b>,
+    write: Write,
+) -> R<Tensor<'b>> {
+    let (xs, is) = along_dims(x, d, idx)?;
     let r = xs.len();
-    // Reduce over dim `d` of the index (`j`), then move the `K` axis (last) to `d`.
-    let to_self = |t: Tensor<'b>, pad: Scalar| -> R<Tensor<'b>> {
-        let perm: Vec<i64> = (0..r)
-            .map(|e| match e.cmp(&d) {
-                std::cmp::Ordering::Less => e as i64,
-                std::cmp::Ordering::Equal => r as i64 - 1,
-                std::cmp::Ordering::Greater => e as i64 - 1,
-            })
-            .collect();
-        let t = if perm.iter().enumerate().all(|(i, p)| i as i64 == *p) {
-            t
-        } else {
-            b.transpose(t, &perm)?
-        };
-        let high: Vec<i64> =
-            (0..r).map(|e| if e == d { 0 } else { (xs[e] - is[e]) as i64 }).collect();
-        if high.iter().all(|h| *h == 0) {
-            return Ok(t);
-        }
-        let pv = scalar_const(b, t.dtype(), pad)?;
-        Ok(b.pad(t, pv, &vec![0; r], &high, &vec![0; r])?)
+    if r == 0 || xs.contains(&0) || is.contains(&0) {
+        return Ok(x);
+    }
+    let src = convert(b, src, x.dtype())?;
+    let src_dims = dims_of(src)?;
+    if src_dims.len() != r || (0..r).any(|e| is[e] > src_dims[e]) {
+        return bad(format!(
+            "src {} is smaller than index {} in some dimension",
+            src.ty(),
+            idx.ty()
+        ));
+    }
+    let src = fit(b, src, &is, usize::MAX)?;
+    let wrapped = wrap_negative(b, idx, xs[d] as i64)?;
+    let batched = (0..r).all(|e| e == d || is[e] == xs[e]);
+    let (coords, batch, map) = element_indices(b, wrapped, d, r, batched)?;
+    let dims = ScatterDims {
+        update_window_dims: vec![],
+        inserted_window_dims: map.clone(),
+        input_batching_dims: batch.clone(),
+        scatter_indices_batching_dims: batch,
+        scatter_dims_to_operand_dims: map,
+        index_vector_dim: r as i64,
     };
-    let hit = reduce(b, cmp, BinaryOp::Or, Scalar::Bool(false), &[d], false)?;
-    let hit = to_self(hit, Scalar::Bool(false))?;
-    let contrib = match src {
-        None => None,
-        Some(src) => {
-            let src = fit(b, convert(b, src, x.dtype())?, &is, usize::MAX)?;
-            let map: Vec<i64> = (0..r as i64).collect();
-            let wide = b.broadcast_in_dim(src, cmp.ty().with_dtype(x.dtype()), &map)?;
-            let zero = splat(b, wide.ty(), Scalar::Int(0))?;
-            let sel = b.select(cmp, wide, zero)?;
-            let (op, init) = if x.dtype() == DType::Bool {
-                (BinaryOp::Or, Scalar::Bool(false))
-            } else {
-                (BinaryOp::Add, Scalar::Int(0))
-            };
-            let summed = reduce(b, sel, op, init, &[d], false)?;
-            Some(to_self(summed, Scalar::Int(0))?)
-        }
-    };
-    Ok((hit, contrib))
+    let bool_or = x.dtype() == DType::Bool;
+    Ok(b.scatter(x, coords, src, dims, |cur, new| match write {
+        Write::Replace => Ok(new),
+        Write::Add if bool_or => b.binary(BinaryOp::Or, cur, new),
+        Write::Add => b.binary(BinaryOp::Add, cur, new),
+    })?)
 }
 
 /// `scatter(self, dim, index, value)`: the elements `index` points at become `value`.
@@ -521,35 +568,26 @@ pub(super) fn scatter_value<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let d = axis(cx.int(1, "dim")?, x.rank())?;
     let idx = cx.tensor(2, "index")?;
     let value = scalar_const(b, x.dtype(), cx.scalar(3, "value")?)?;
-    let (hit, _) = scatter_parts(b, x, d, idx, None)?;
-    let value = b.broadcast_to(value, &x.shape())?;
-    one(b.select(hit, value, x)?)
+    let value = b.broadcast_to(value, &idx.shape())?;
+    one(scatter_along(b, x, d, idx, value, Write::Replace)?)
 }
 
-/// `scatter(self, dim, index, src)` (repeated indices sum; PyTorch leaves them unspecified).
+/// `scatter(self, dim, index, src)`.
 pub(super) fn scatter_src<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let b = cx.b;
     let x = cx.tensor(0, "self")?;
     let d = axis(cx.int(1, "dim")?, x.rank())?;
     let (idx, src) = (cx.tensor(2, "index")?, cx.tensor(3, "src")?);
-    let (hit, contrib) = scatter_parts(b, x, d, idx, Some(src))?;
-    match contrib {
-        Some(c) => one(b.select(hit, c, x)?),
-        None => bad("scatter needs `src`"),
-    }
+    one(scatter_along(b, x, d, idx, src, Write::Replace)?)
 }
 
+/// `scatter_add(self, dim, index, src)`: repeated indices add up.
 pub(super) fn scatter_add<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let b = cx.b;
     let x = cx.tensor(0, "self")?;
     let d = axis(cx.int(1, "dim")?, x.rank())?;
     let (idx, src) = (cx.tensor(2, "index")?, cx.tensor(3, "src")?);
-    let (_, contrib) = scatter_parts(b, x, d, idx, Some(src))?;
-    match contrib {
-        Some(c) if x.dtype() == DType::Bool => one(b.binary(BinaryOp::Or, x, c)?),
-        Some(c) => one(b.binary(BinaryOp::Add, x, c)?),
-        None => bad("scatter_add needs `src`"),
-    }
+    one(scatter_along(b, x, d, idx, src, Write::Add)?)
 }
 
 // ----- softmax -----
@@ -659,11 +697,13 @@ pub(super) fn log_softmax_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 
 // ----- nll loss -----
 
-/// The parts both nll_loss ops share: the one-hot of the target over classes (`[N, C]`) and
-/// each sample's weight, zero where the target is `ignore_index` (`[N]`).
+/// The parts both nll_loss ops share: the target as `[N]` (negative ones wrapped), whether it
+/// lies in `0..C`, and each sample's weight, zero where the target is `ignore_index` or outside
+/// the classes (`[N]`).
 struct Nll<'b> {
-    hit: Tensor<'b>,
+    target: Tensor<'b>,
     weight: Tensor<'b>,
+    classes: u64,
     batched: bool,
 }
 
@@ -688,24 +728,22 @@ fn nll_parts<'b>(
         }
     };
     let classes = *dims_of(x)?.last().unwrap_or(&0);
-    let target = if batched { target } else { b.reshape(target, Shape::of(&[1]))? };
-    let n = dims_of(target)?[0];
-    let hit = one_hot(b, target, classes)?;
+    let raw = if batched { target } else { b.reshape(target, Shape::of(&[1]))? };
+    let n = dims_of(raw)?[0];
+    let target = wrap_negative(b, raw, classes as i64)?;
+    let inside = in_range(b, target, classes)?;
     let dt = x.dtype();
+    let ones = splat(b, TensorType::new(dt, Shape::of(&[n])), Scalar::Int(1))?;
     let w = match weight {
-        Some(w) => {
-            let w = convert(b, w, dt)?;
-            let wide =
-                b.broadcast_in_dim(w, TensorType::new(dt, Shape::of(&[n, classes])), &[1])?;
-            pick_last(b, hit, wide)?
-        }
-        None => splat(b, TensorType::new(dt, Shape::of(&[n])), Scalar::Int(1))?,
+        Some(w) if classes > 0 => gather_elements(b, convert(b, w, dt)?, 0, target)?,
+        _ => ones,
     };
-    let ig = scalar_const(b, target.dtype(), Scalar::Int(ignore_index))?;
-    let keep = b.compare(Direction::Ne, target, ig)?;
+    let ig = scalar_const(b, raw.dtype(), Scalar::Int(ignore_index))?;
+    let v = broadcast_all(b, &[raw, ig])?;
+    let keep = b.binary(BinaryOp::And, b.compare(Direction::Ne, v[0], v[1])?, inside)?;
     let zero = splat(b, w.ty(), Scalar::Int(0))?;
     let weight = b.select(keep, w, zero)?;
-    Ok(Nll { hit, weight, batched })
+    Ok(Nll { target, weight, classes, batched })
 }
 
 fn reduction(cx: &Cx<'_, '_>, i: usize) -> R<i64> {
@@ -724,7 +762,17 @@ pub(super) fn nll_loss_forward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let ignore = cx.int_or(4, "ignore_index", -100)?;
     let parts = nll_parts(cx, x, target, weight, ignore)?;
     let rows = if parts.batched { x } else { b.reshape(x, Shape::of(&[1, dims_of(x)?[0]]))? };
-    let picked = pick_last(b, parts.hit, rows)?;
+    let zeros = splat(b, parts.weight.ty(), Scalar::Int(0))?;
+    let picked = if parts.classes == 0 {
+        zeros
+    } else {
+        // A sample that counts for nothing adds nothing, whatever its logit (an infinite one
+        // would make `0 * inf` NaN).
+        let counts = b.compare(Direction::Ne, parts.weight, zeros)?;
+        let column = b.reshape(parts.target, Shape::of(&[dims_of(parts.target)?[0], 1]))?;
+        let picked = gather_elements(b, rows, 1, column)?;
+        b.select(counts, b.reshape(picked, zeros.shape())?, zeros)?
+    };
     let loss = b.unary(UnaryOp::Negate, b.binary(BinaryOp::Multiply, picked, parts.weight)?)?;
     let total = if red == 0 {
         // PyTorch leaves total_weight at 0 without a reduction.
@@ -766,9 +814,10 @@ pub(super) fn nll_loss_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         _ => b.broadcast_to(b.reshape(g, Shape::scalar())?, &Shape::of(&[n]))?,
     };
     let scale = b.unary(UnaryOp::Negate, b.binary(BinaryOp::Multiply, per, parts.weight)?)?;
-    let wide = b.broadcast_in_dim(scale, parts.hit.ty().with_dtype(dt), &[0])?;
+    let hit = one_hot(b, parts.target, parts.classes)?;
+    let wide = b.broadcast_in_dim(scale, hit.ty().with_dtype(dt), &[0])?;
     let zero = splat(b, wide.ty(), Scalar::Int(0))?;
-    let grad = b.select(parts.hit, wide, zero)?;
+    let grad = b.select(hit, wide, zero)?;
     one(if parts.batched { grad } else { b.reshape(grad, x.shape())? })
 }
 
