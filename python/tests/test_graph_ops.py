@@ -179,6 +179,17 @@ CASES = {
         lambda g, i, o, o2b, size, mx: a._embedding_bag_backward(g, i, o, o2b, size, mx, 10, False, 0, False, None),
         [randn(3, 2), torch.tensor([1, 2, 4, 5, 4, 3, 1]), torch.tensor([0, 2, 2]), *EMPTY_BAG_BOOKKEEPING],
     ),
+    "embedding_bag_sum_uneven_bags": (
+        lambda w, i, o: a._embedding_bag(w, i, o, False, 0),
+        [randn(20, 4), randint(0, 20, 12), torch.tensor([0, 1, 1, 4, 9, 9, 12])],
+    ),
+    "embedding_bag_backward_include_last_offset": (
+        lambda g, i, o: a._embedding_bag_backward(
+            g, i, o, torch.zeros(0, dtype=torch.long), torch.zeros(5, dtype=torch.long),
+            torch.zeros(5, dtype=torch.long), 20, False, 0, False, None,
+        ),
+        [randn(5, 3), randint(0, 20, 11), torch.tensor([0, 3, 3, 4, 10, 11])],
+    ),
     "group_norm": (
         lambda x, w, bb: a.native_group_norm(x, w, bb, 2, 6, 12, 3, 1e-5),
         [randn(2, 6, 3, 4) * 3 + 1, randn(6), randn(6)],

@@ -41,10 +41,9 @@
 //!   family and `nll_loss`'s pick of the target logit gather or scatter single elements, batched
 //!   over the dims the index does not run along (StableHLO's batching dims, which SPMD
 //!   partitioning keeps parallel; a scatter whose index is smaller than `self` in such a dim
-//!   spells the coordinates out instead). `index_put` and the embedding bags' backward use a
-//!   one-hot matrix (`iota == index`) and one `dot_general` at `HIGHEST` precision (exact in
-//!   f32: every sum has one non-zero term, and TPUs would otherwise round f32 operands to
-//!   bf16). Negative indices wrap as in PyTorch; out-of-range ones select nothing.
+//!   spells the coordinates out instead). `index_put` and the embedding bags (forward and
+//!   backward) write whole rows by a scatter, adding in f32 for 16-bit floats. Negative
+//!   indices wrap as in PyTorch; out-of-range ones select nothing.
 //! - `_scaled_dot_product_flash_attention_for_cpu` lowers as math: `q kᵀ · scale`, the causal
 //!   (top-left) or given mask, a stable softmax, `· v`, and the logsumexp output; its backward
 //!   is the math gradient from that logsumexp. Dropout must be 0.

@@ -120,13 +120,6 @@ fn one_hot<'b>(b: &'b KernelBuilder, idx: Tensor<'b>, size: u64) -> R<Tensor<'b>
     Ok(b.compare(Direction::Eq, wide, iota)?)
 }
 
-/// The type one-hot dots run in: bools as `i32`.
-fn dot_type(dt: DType) -> DType {
-    if dt == DType::Bool { DType::I32 } else { dt }
-}
-
-const HIGHEST: Option<[Precision; 2]> = Some([Precision::Highest, Precision::Highest]);
-
 /// `table[idx]` along the first dimension: `I + table.shape[1:]`, by a gather of whole rows.
 /// Negative indices wrap as in PyTorch; a row whose index is still outside the table is zero
 /// (the gather alone would clamp it onto the first or last row).
@@ -355,9 +348,10 @@ pub(super) fn index_put<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(b.transpose(put, &back)?)
 }
 
-/// `x` (`[rows, rest...]`) with `values` (`I + rest`) written at rows `idx` (`I`): the
-/// transposed one-hot times the values; with `accumulate=false` the rows hit take the (summed)
-/// written values.
+/// `x` (`[rows, rest...]`) with `values` (`I + rest`) written at rows `idx` (`I`) by a
+/// `stablehlo.scatter` of whole rows: added with `accumulate` (in f32 for 16-bit floats, as
+/// PyTorch's CPU accumulates), else overwritten (a repeated index: one of its writes wins, as
+/// PyTorch leaves unspecified). Negative indices wrap; one still outside `x` writes nothing.
 fn put_rows<'b>(
     b: &'b KernelBuilder,
     x: Tensor<'b>,
@@ -370,30 +364,29 @@ fn put_rows<'b>(
         return bad("cannot index_put into a 0-dim tensor");
     };
     let mut target = dims_of(idx)?;
+    let r = target.len();
     target.extend_from_slice(rest);
     let dt = x.dtype();
-    let values = convert(b, values, dot_type(dt))?;
-    let values = b.broadcast_to(values, &Shape::of(&target))?;
-    let oh = one_hot(b, idx, rows)?;
-    let r = idx.rank();
-    let lead: Vec<i64> = (0..r as i64).collect();
-    let dims = DotDims {
-        lhs_batch: vec![],
-        rhs_batch: vec![],
-        lhs_contracting: lead.clone(),
-        rhs_contracting: lead.clone(),
+    let work = if accumulate { acc_type(dt) } else { dt };
+    let values = b.broadcast_to(convert(b, values, work)?, &Shape::of(&target))?;
+    if rows == 0 || target.contains(&0) {
+        return Ok(x);
+    }
+    let dims = ScatterDims {
+        update_window_dims: (r..target.len()).map(|d| d as i64).collect(),
+        inserted_window_dims: vec![0],
+        scatter_dims_to_operand_dims: vec![0],
+        index_vector_dim: r as i64,
+        ..Default::default()
     };
-    let contrib = dot(b, convert(b, oh, values.dtype())?, values, dims, HIGHEST)?;
-    let xv = convert(b, x, values.dtype())?;
-    let out = if accumulate {
-        b.binary(BinaryOp::Add, xv, contrib)?
-    } else {
-        let dims: Vec<usize> = (0..r).collect();
-        let hit = reduce(b, oh, BinaryOp::Or, Scalar::Bool(false), &dims, false)?;
-        let hit = b.broadcast_in_dim(hit, xv.ty().with_dtype(DType::Bool), &[0])?;
-        b.select(hit, contrib, xv)?
-    };
-    convert(b, out, dt)
+    let idx = wrap_negative(b, idx, rows as i64)?;
+    let bool_or = dt == DType::Bool;
+    let put = b.scatter(convert(b, x, work)?, idx, values, dims, |cur, new| match accumulate {
+        false => Ok(new),
+        true if bool_or => b.binary(BinaryOp::Or, cur, new),
+        true => b.binary(BinaryOp::Add, cur, new),
+    })?;
+    convert(b, put, dt)
 }
 
 /// `index` checked against `self` for a gather or scatter along `d`: an integer tensor of
@@ -987,8 +980,9 @@ pub(super) fn sdpa_flash_cpu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 
 // ----- embedding bags -----
 
-/// The bag of each index, `[N]`: how many bag starts (the first `bags` offsets) are at or before
-/// its position, less one.
+/// The bag of each index, `[N]`: how many bag starts (the first `bags` offsets, increasing as
+/// PyTorch requires) are at or before its position, less one. Found by a binary search over the
+/// starts, unrolled: `log2(bags)` rounds of one gather each, `O(N log B)`.
 fn bag_of<'b>(b: &'b KernelBuilder, offsets: Tensor<'b>, n: u64, bags: u64) -> R<Tensor<'b>> {
     let offsets = convert(b, offsets, DType::I64)?;
     let starts = if dims_of(offsets)?[0] == bags {
@@ -996,12 +990,34 @@ fn bag_of<'b>(b: &'b KernelBuilder, offsets: Tensor<'b>, n: u64, bags: u64) -> R
     } else {
         b.slice(offsets, &[0], &[bags as i64], &[1])?
     };
-    let grid = TensorType::new(DType::I64, Shape::of(&[n, bags]));
-    let pos = b.iota(grid.clone(), 0)?;
-    let starts = b.broadcast_in_dim(starts, grid, &[1])?;
-    let started = convert(b, b.compare(Direction::Ge, pos, starts)?, DType::I64)?;
-    let count = reduce(b, started, BinaryOp::Add, Scalar::Int(0), &[1], false)?;
-    Ok(b.binary(BinaryOp::Subtract, count, scalar_const(b, DType::I64, Scalar::Int(1))?)?)
+    let positions = TensorType::new(DType::I64, Shape::of(&[n]));
+    let pos = b.iota(positions.clone(), 0)?;
+    let int = |v: i64| splat(b, positions.clone(), Scalar::Int(v));
+    let one_i = int(1)?;
+    // The answer lies in `lo..=hi`: the starts below `lo` are at or before the position, those
+    // from `hi` on after it.
+    let (mut lo, mut hi) = (int(0)?, int(bags as i64)?);
+    if bags > 0 {
+        let dims = GatherDims {
+            collapsed_slice_dims: vec![0],
+            start_index_map: vec![0],
+            index_vector_dim: 1,
+            ..Default::default()
+        };
+        let column = Shape::of(&[n, 1]);
+        for _ in 0..u64::BITS - bags.leading_zeros() {
+            let mid =
+                b.binary(BinaryOp::ShiftRightLogical, b.binary(BinaryOp::Add, lo, hi)?, one_i)?;
+            let open = b.compare(Direction::Lt, lo, hi)?;
+            let start = b.gather(starts, b.reshape(mid, column.clone())?, dims.clone(), &[1])?;
+            let before = b.compare(Direction::Le, start, pos)?;
+            let raise = b.binary(BinaryOp::And, open, before)?;
+            let lower = b.binary(BinaryOp::And, open, b.unary(UnaryOp::Not, before)?)?;
+            lo = b.select(raise, b.binary(BinaryOp::Add, mid, one_i)?, lo)?;
+            hi = b.select(lower, mid, hi)?;
+        }
+    }
+    Ok(b.binary(BinaryOp::Subtract, lo, one_i)?)
 }
 
 /// The arguments both embedding-bag ops share, checked: `(indices, offsets, bags, keep)` with
@@ -1026,7 +1042,7 @@ fn bag_inputs<'b>(
 
 /// `_embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
 /// include_last_offset, padding_idx)` in sum mode: `(output, offset2bag, bag_size, max_indices)`,
-/// the sums `[B, D]` of each bag's rows by a bag one-hot's dot, and the bookkeeping outputs as
+/// the sums `[B, D]` of each bag's rows added by a scatter, and the bookkeeping outputs as
 /// PyTorch's CPU kernel gives them in sum mode (an empty `offset2bag`, zeros). With a
 /// `padding_idx` or `include_last_offset` that kernel fills them in instead: not lowered.
 pub(super) fn embedding_bag<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
@@ -1053,14 +1069,11 @@ pub(super) fn embedding_bag<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let keep_rows = b.broadcast_in_dim(keep, rows.ty().with_dtype(DType::Bool), &[0])?;
     let rows = b.select(keep_rows, rows, zero_rows)?;
     let bag = bag_of(b, offsets, n, bags)?;
-    let member = convert(b, one_hot(b, bag, bags)?, dot_type(w.dtype()))?;
-    let contract = DotDims {
-        lhs_batch: vec![],
-        rhs_batch: vec![],
-        lhs_contracting: vec![0],
-        rhs_contracting: vec![0],
-    };
-    let out = dot(b, member, convert(b, rows, dot_type(w.dtype()))?, contract, HIGHEST)?;
+    // Each row added into its bag's sum (a scatter; in f32 for 16-bit floats).
+    let d = dims_of(w)?[1];
+    let acc = acc_type(w.dtype());
+    let sums = splat(b, TensorType::new(acc, Shape::of(&[bags, d])), Scalar::Int(0))?;
+    let out = put_rows(b, sums, bag, convert(b, rows, acc)?, true)?;
     let zeros = |len: u64| splat(b, TensorType::new(DType::I64, Shape::of(&[len])), Scalar::Int(0));
     // PyTorch's CPU kernel returns an empty offset2bag and zeros [B] on its fast path, each
     // index's bag and an empty max_indices otherwise (autograd may take either): the node's
