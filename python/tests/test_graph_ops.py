@@ -122,6 +122,14 @@ CASES = {
         lambda x, i, s: a.scatter_add(x, 1, i, s),
         [randn(3, 5), torch.tensor([[4, 0, 4], [1, 2, 1], [3, 3, 3]]), randn(3, 3)],
     ),
+    "scatter_add_many_per_row": (
+        lambda x, i, s: a.scatter_add(x, 1, i, s),
+        [randn(3, 6), randint(0, 6, 3, 7), randn(3, 7)],
+    ),
+    "scatter_src_many_per_row": (
+        lambda x, i, s: a.scatter.src(x, 1, i, s),
+        [randn(3, 8), torch.stack([torch.randperm(8, generator=g)[:6] for _ in range(3)]), randn(3, 6)],
+    ),
     "scatter_add_smaller_index": (
         lambda x, i, s: a.scatter_add(x, 0, i, s),
         [randn(4, 5), randint(0, 4, 3, 2), randn(3, 3)],
