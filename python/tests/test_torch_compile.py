@@ -180,6 +180,59 @@ def test_permuted_layouts_cross_the_program_boundary_without_copies():
     assert backend._boundary(gm)[0] is gm
 
 
+def _saved_by_forward(fn, *args):
+    """Runs `fn` compiled (forward and backward, both as programs) and returns the tensors its
+    forward saved for the backward, with the inputs' gradients."""
+    saved = []
+
+    def pack(t):
+        saved.append(t)
+        return t
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tpu_kernels")
+    with no_fallbacks(programs=2):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = compiled(*args)
+        loss.backward()
+    grads = [a.grad for a in args]
+    for a in args:
+        a.grad = None
+    return saved, grads
+
+
+def test_the_backward_recomputes_cheap_values_and_takes_transcendental_ones_saved():
+    """The joint graph is split by min-cut: the backward redoes cheap pointwise work from the
+    inputs instead of taking its intermediates from the forward, but an `exp` (compute on
+    XLA:CPU, not memory) is saved, never redone."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(64, 32, requires_grad=True)
+
+    def cheap(x, w):
+        return ((x * w + 1).relu() * 3).sum()
+
+    def costly(x, w):
+        return torch.exp(x * w + 1).sum()
+
+    for fn in (cheap, costly):
+        saved, grads = _saved_by_forward(fn, x, w)
+        loss = fn(x, w)
+        want = torch.autograd.grad(loss, [x, w])
+        for g_, w_ in zip(grads, want):
+            torch.testing.assert_close(g_, w_)
+        inputs = {x.data_ptr(), w.data_ptr()}
+        computed = [t for t in saved if t.data_ptr() not in inputs]
+        if fn is cheap:
+            # The default partition saves `x * w + 1` (or its relu) for the backward.
+            assert computed == [], [tuple(t.shape) for t in computed]
+        else:
+            expected = torch.exp(x * w + 1).detach()
+            assert any(t.shape == expected.shape and torch.allclose(t, expected) for t in computed), [
+                tuple(t.shape) for t in saved
+            ]
+
+
 def test_inputs_and_repeats_among_the_outputs_are_not_program_outputs():
     """A graph output that is a graph input (AOT's forward returns the parameters the backward
     saves) is the argument itself, a repeated output the same tensor, and a large view of an

@@ -668,12 +668,46 @@ def _compiler(kind: str):
     return compile_fn
 
 
+def _transcendental_ops() -> frozenset:
+    a, p = torch.ops.aten, torch.ops.prims
+    return frozenset({
+        a.exp, a.exp2, a.expm1, a.log, a.log1p, a.log2, a.tanh, a.erf, a.sigmoid, a.sin, a.cos,
+        a.pow, a.silu, a.gelu, a.rsqrt, a.sqrt, a._softmax, a._log_softmax,
+        p.exp, p.log, p.tanh, p.erf, p.sin, p.cos, p.rsqrt, p.sqrt,
+    })
+
+
+# Ops whose value the backward takes saved, never recomputed (see `_partition`).
+_SAVED_NOT_RECOMPUTED = _transcendental_ops()
+
+
+def _partition(joint: torch.fx.GraphModule, joint_inputs, **kwargs):
+    """AOT's min-cut partition of the joint forward and backward graph (the one Inductor
+    uses: the backward recomputes cheap values from a few saved ones rather than taking every
+    intermediate from the forward), with transcendental ops saved, never recomputed. XLA:CPU's
+    `exp`, `tanh` or `erf` cost compute where an add costs memory (docs/perf-log.md), so
+    redoing them in the backward costs more than saving them; every other pointwise op is
+    cheaper to redo than to write out, return through the boundary and read back. A value
+    already tagged (activation checkpointing) keeps its tag."""
+    from torch._functorch.compile_utils import get_aten_target
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    for n in joint.graph.nodes:
+        if n.op != "call_function" or "recompute" in n.meta:
+            continue
+        if get_aten_target(n) in _SAVED_NOT_RECOMPUTED:
+            n.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+
 def tpu_kernels_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
-    """The `torch.compile` backend: aot_autograd with forward and backward graphs lowered to
-    StableHLO programs run on PJRT."""
+    """The `torch.compile` backend: aot_autograd (its graphs split by `_partition`) with
+    forward and backward graphs lowered to StableHLO programs run on PJRT."""
     backend = aot_autograd(
         fw_compiler=_compiler("forward"),
         bw_compiler=_compiler("backward"),
+        partition_fn=_partition,
         decompositions=decompositions(),
     )
     return backend(gm, example_inputs, **kwargs)
