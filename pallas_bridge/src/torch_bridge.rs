@@ -35,6 +35,7 @@ use tpu_kernels_registry::graph::{
 use tpu_kernels_registry::pjrt::{
     Buffer, CompileOptions, LoadedExecutable, OptionOverride, Program, ViewCache,
 };
+use tpu_kernels_registry::tuning::{self, Tuner};
 use tpu_kernels_registry::{
     CallMeta, DispatchError, Dispatcher, HostTensor, Index, LendError, Registry, execute_lending,
     fault, normalize_op, with_pooled_outputs,
@@ -61,6 +62,10 @@ struct GraphStats {
     kernels: BTreeMap<String, u64>,
     /// Kernel name -> how many times it ran inside a program run (once per inlined call).
     kernels_run: BTreeMap<String, u64>,
+    /// Programs compiled under more than one set of settings (see `registry::tuning`).
+    programs_tuned: u64,
+    /// Program name -> what its tuner chose, once chosen.
+    tuned: BTreeMap<String, tuning::Tuning>,
 }
 
 /// The process-wide runtime of the bridge: one PJRT CPU client, its dispatcher and the
@@ -538,7 +543,11 @@ struct ProgramInner {
     name: String,
     fingerprint: String,
     text: String,
-    executable: Arc<LoadedExecutable>,
+    /// The program under each compile setting it was compiled with: the default first, then
+    /// the variants it is tuned over (see `tuner`).
+    executables: Vec<Arc<LoadedExecutable>>,
+    /// Which of `executables` a run uses; `None` when there is one.
+    tuner: Option<Tuner>,
     inputs: Vec<TensorType>,
     outputs: Vec<TensorType>,
     kernels: Vec<String>,
@@ -591,11 +600,56 @@ struct GraphProgram {
     inner: Arc<ProgramInner>,
 }
 
+/// A tuner's view as Python sees it: `{"variants": [label, ...], "fastest_s": {label: seconds
+/// or None}, "failed": [label, ...], "chosen": label or None}`.
+fn tuning_dict<'py>(py: Python<'py>, seen: &tuning::Tuning) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let best = PyDict::new(py);
+    let failed = PyList::empty(py);
+    let labels = PyList::empty(py);
+    for (label, fastest, rejected) in &seen.variants {
+        labels.append(label)?;
+        best.set_item(label, fastest)?;
+        if *rejected {
+            failed.append(label)?;
+        }
+    }
+    d.set_item("variants", labels)?;
+    d.set_item("fastest_s", best)?;
+    d.set_item("failed", failed)?;
+    d.set_item("chosen", seen.chosen)?;
+    Ok(d)
+}
+
 fn short_types(types: &[TensorType]) -> Vec<String> {
     types.iter().map(TensorType::short).collect()
 }
 
 impl GraphProgram {
+    /// The executable the next run uses, its index, and whether the run is timed for the tuner.
+    fn choose(&self) -> (usize, &Arc<LoadedExecutable>, bool) {
+        let p = &self.inner;
+        let (v, timed) = p.tuner.as_ref().map_or((0, false), Tuner::pick);
+        (v, &p.executables[v.min(p.executables.len() - 1)], timed)
+    }
+
+    /// Tells the tuner how the run of variant `v` went: its time, or its failure (the variant
+    /// is then never chosen); records the choice once made.
+    fn tuned_run(&self, rt: &Runtime, v: usize, timed: bool, outcome: Result<f64, ()>) {
+        let Some(tuner) = &self.inner.tuner else { return };
+        match outcome {
+            Ok(seconds) if timed => tuner.record(v, seconds),
+            Ok(_) => return,
+            Err(()) => tuner.reject(v),
+        }
+        let seen = tuner.tuning();
+        if seen.chosen.is_some()
+            && let Ok(mut s) = rt.graph_stats.lock()
+        {
+            s.tuned.insert(self.inner.name.clone(), seen);
+        }
+    }
+
     /// Counts a run: its time, inputs gathered, kernels run, and inputs updated in place.
     fn count_run(&self, rt: &Runtime, start: Instant, gathered: u64, in_place: u64, by_copy: u64) {
         if let Ok(mut s) = rt.graph_stats.lock() {
@@ -639,6 +693,13 @@ impl GraphProgram {
     #[getter]
     fn kernels(&self) -> Vec<String> {
         self.inner.kernels.clone()
+    }
+
+    /// The compile settings this program is tuned over and how its runs under each went (see
+    /// `tuning_dict`); None for a program compiled one way (see `registry::tuning`).
+    #[getter]
+    fn tuning<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        self.inner.tuner.as_ref().map(|t| tuning_dict(py, &t.tuning())).transpose()
     }
 
     #[getter]
@@ -728,6 +789,8 @@ impl GraphProgram {
                 .map(|(bytes, ty)| HostTensor { ty, data: bytes, contiguous: true })
                 .collect();
             let pooled: Vec<(usize, &TensorType)> = p.pooled.iter().map(|(k, t)| (*k, t)).collect();
+            let (variant, executable, timed) = self.choose();
+            let ran = Instant::now();
             // SAFETY: each loaned input is a graph input that an in-place op updates and
             // nothing else in the graph reads (`_donations` in the backend), read here in
             // place: its tensor's own memory, which the caller hands over to be written, as
@@ -737,13 +800,19 @@ impl GraphProgram {
                 execute_lending(
                     rt.dispatcher.client(),
                     &rt.views,
-                    &p.executable,
+                    executable,
                     &host,
                     &loans,
                     &pooled,
                 )
+            };
+            match &run {
+                Ok(_) => self.tuned_run(rt, variant, timed, Ok(ran.elapsed().as_secs_f64())),
+                Err(LendError::Run(_)) => self.tuned_run(rt, variant, timed, Err(())),
+                // Refused before anything ran: says nothing of the variant.
+                Err(LendError::Input(_)) => {}
             }
-            .map_err(|e| {
+            let run = run.map_err(|e| {
                 let m = match e {
                     LendError::Input(m) | LendError::Run(m) => m,
                 };
@@ -782,7 +851,12 @@ impl GraphProgram {
                 p.name
             )));
         }
-        let outputs = p.executable.execute(&refs).map_err(|e| {
+        let (variant, executable, timed) = self.choose();
+        let ran = Instant::now();
+        let outputs = executable.execute(&refs);
+        let outcome = outputs.as_ref().map(|_| ran.elapsed().as_secs_f64()).map_err(|_| ());
+        self.tuned_run(rt, variant, timed, outcome);
+        let outputs = outputs.map_err(|e| {
             PyRuntimeError::new_err(format!("graph `{}`: execute failed: {e}", p.name))
         })?;
         let api = tensors.iter().next().as_ref().and_then(exchange_api);
@@ -926,11 +1000,39 @@ fn compile_inner(
         .get_or_compile(rt.dispatcher.client(), &program, &options)
         .map_err(|e| format!("compile failed: {e}"))?;
     let main = module.main();
+    let mut executables = vec![cached.executable];
+    let mut tuner = None;
+    let moved: usize = main
+        .params
+        .iter()
+        .chain(&main.results)
+        .map(|t| t.shape.num_elements().unwrap_or(0) as usize * t.dtype.byte_size())
+        .sum();
+    if rt.dispatcher.client().platform() == "cpu"
+        && tuning::tune_min_bytes().is_some_and(|min| moved >= min)
+    {
+        // A large program is also compiled under the other settings and tuned on its runs;
+        // a variant that does not compile is left out (the default stands).
+        let mut labels = vec!["default"];
+        for (label, variant) in tuning::cpu_variants(&options).into_iter().skip(1) {
+            if let Ok(c) = rt.cache.get_or_compile(rt.dispatcher.client(), &program, &variant) {
+                executables.push(c.executable);
+                labels.push(label);
+            }
+        }
+        if labels.len() > 1 {
+            tuner = Some(Tuner::new(labels));
+            if let Ok(mut s) = rt.graph_stats.lock() {
+                s.programs_tuned += 1;
+            }
+        }
+    }
     Ok(Arc::new(ProgramInner {
         name: graph.name.clone(),
         fingerprint: key.to_hex(),
         text,
-        executable: cached.executable,
+        executables,
+        tuner,
         inputs: main.params.clone(),
         outputs: main.results.clone(),
         kernels,
@@ -1162,6 +1264,12 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         g.set_item("lower_errors", gs.lower_errors)?;
         g.set_item("kernels", gs.kernels.clone())?;
         g.set_item("kernels_run", gs.kernels_run.clone())?;
+        g.set_item("programs_tuned", gs.programs_tuned)?;
+        let tuned = PyDict::new(py);
+        for (name, t) in &gs.tuned {
+            tuned.set_item(name, tuning_dict(py, t)?)?;
+        }
+        g.set_item("tuned", tuned)?;
     }
     d.set_item("graphs", g)?;
     Ok(d)

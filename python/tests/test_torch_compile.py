@@ -233,6 +233,58 @@ def test_the_backward_recomputes_cheap_values_and_takes_transcendental_ones_save
             ]
 
 
+def test_a_large_program_is_tuned_over_compile_settings_on_its_first_runs(monkeypatch):
+    """A program that reads and writes at least `TPUK_TUNE_MIN_BYTES` a run is compiled with
+    and without XLA:CPU's YNNPACK reduction fusions; its first runs take turns, two timed runs
+    each, and the one with the fastest run runs from then on. Every run matches eager,
+    whichever variant ran."""
+    monkeypatch.setenv("TPUK_TUNE_MIN_BYTES", str(1 << 20))
+    torch.manual_seed(0)
+    # f32[96, 3001]: 1.15 MB, a shape no other test compiles (programs are memoised by graph).
+    x = torch.randn(96, 3001, requires_grad=True)
+    t = torch.randint(0, 3001, (96,))
+
+    def f(x, t):
+        return F.cross_entropy(x, t)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="tpu_kernels")
+    n_graphs = len(report().compiled["graphs"])
+    tuned_before = report().graphs["programs_tuned"]
+    with no_fallbacks(programs=12):
+        for _ in range(6):
+            x.grad = None
+            loss = compiled(x, t)
+            loss.backward()
+            ref = x.detach().clone().requires_grad_(True)
+            want = F.cross_entropy(ref, t)
+            want.backward()
+            torch.testing.assert_close(loss, want)
+            torch.testing.assert_close(x.grad, ref.grad)
+    graphs = report().graphs
+    names = [g["name"] for g in report().compiled["graphs"][n_graphs:]]
+    assert graphs["programs_tuned"] - tuned_before == 2, names
+    for name in names:
+        seen = graphs["tuned"][name]
+        fastest = seen["fastest_s"]
+        assert set(fastest) == {"default", "ynn_reduce_off"}, seen
+        assert all(s is not None and s > 0 for s in fastest.values()), seen
+        assert seen["chosen"] == min(fastest, key=fastest.get) and seen["failed"] == [], seen
+
+
+def test_tuning_is_off_below_its_size_and_when_turned_off(monkeypatch):
+    before = report().graphs["programs_tuned"]
+    # Shapes of their own: a program is memoised by its graph, so each setting compiles anew.
+    for setting, cols in (("off", 1001), (str(1 << 40), 1003)):
+        monkeypatch.setenv("TPUK_TUNE_MIN_BYTES", setting)
+        x = torch.randn(64, cols)
+        torch._dynamo.reset()
+        with no_fallbacks(programs=1):
+            got = torch.compile(lambda x: F.log_softmax(x * 2, -1), backend="tpu_kernels")(x)
+        torch.testing.assert_close(got, F.log_softmax(x * 2, -1))
+    assert report().graphs["programs_tuned"] == before
+
+
 def test_inputs_and_repeats_among_the_outputs_are_not_program_outputs():
     """A graph output that is a graph input (AOT's forward returns the parameters the backward
     saves) is the argument itself, a repeated output the same tensor, and a large view of an

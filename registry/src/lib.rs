@@ -13,6 +13,7 @@ pub mod index;
 pub mod library;
 pub mod numerics;
 pub mod pjrt;
+pub mod tuning;
 
 pub use dispatch::{
     DispatchError, Dispatcher, Fallback, FallbackReason, GraphRunError, HostTensor, LendError,

@@ -298,7 +298,7 @@ fn host_has_avx512() -> bool {
 }
 
 /// Whether the process's `XLA_FLAGS` names flag `name` (the plugin reads them at load).
-fn xla_flags_name(name: &str) -> bool {
+pub fn xla_flags_name(name: &str) -> bool {
     std::env::var("XLA_FLAGS").is_ok_and(|flags| flags_name(&flags, name))
 }
 

@@ -47,7 +47,9 @@ mod view;
 
 pub use buffer::{AlignedHostBuffer, Buffer, ElementType, HostLoan, NativeType, VIEW_ALIGNMENT};
 pub use client::{Client, ClientOptions, Device, OptionValue};
-pub use compile::{AVX512_VECTOR_WIDTH, CompileOptions, DeviceAssignment, OptionOverride, Program};
+pub use compile::{
+    AVX512_VECTOR_WIDTH, CompileOptions, DeviceAssignment, OptionOverride, Program, xla_flags_name,
+};
 pub use error::{Error, ErrorCode, Result, Runtime};
 pub use executable::{Execution, Input, LoadedExecutable, ParameterSpec};
 pub use host_call::{HostArg, HostCall, HostFunction, HostResult, register_host_function};
