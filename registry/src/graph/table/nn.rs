@@ -509,6 +509,22 @@ enum Write {
     Add,
 }
 
+impl Write {
+    /// The element written where `cur` held: `new`, or their sum (`or` for bools).
+    fn combine<'b>(
+        self,
+        b: &'b KernelBuilder,
+        cur: Tensor<'b>,
+        new: Tensor<'b>,
+    ) -> Result<Tensor<'b>, tpu_kernels::BuildError> {
+        match self {
+            Write::Replace => Ok(new),
+            Write::Add if cur.dtype() == DType::Bool => b.binary(BinaryOp::Or, cur, new),
+            Write::Add => b.binary(BinaryOp::Add, cur, new),
+        }
+    }
+}
+
 /// The scatter family along `d`: `self` with `src` (cut to the index's extent) written at
 /// `index` by a `stablehlo.scatter` of single elements (by compares for a few writes, see
 /// [`FEW_WRITES`]). Negative indices wrap; one still outside `self` writes nothing.
@@ -538,7 +554,22 @@ fn scatter_along<'b>(
     let wrapped = wrap_negative(b, idx, xs[d] as i64)?;
     let batched = (0..r).all(|e| e == d || is[e] == xs[e]);
     if batched && is[d] <= FEW_WRITES {
-        return scatter_by_compare(b, x, d, wrapped, src, write);
+        // For each `j < k`, `self` takes `src[.., j, ..]` (or adds it) where
+        // `iota(d) == index[.., j, ..]`; a repeated index: the last write wins, or all add up.
+        let shape = x.shape();
+        let iota = b.iota(x.ty().with_dtype(wrapped.dtype()), d as i64)?;
+        let step = vec![1i64; r];
+        let mut out = x;
+        for j in 0..is[d] as i64 {
+            let (mut start, mut limit) =
+                (vec![0i64; r], is.iter().map(|&v| v as i64).collect::<Vec<_>>());
+            (start[d], limit[d]) = (j, j + 1);
+            let at = b.broadcast_to(b.slice(wrapped, &start, &limit, &step)?, &shape)?;
+            let value = b.broadcast_to(b.slice(src, &start, &limit, &step)?, &shape)?;
+            let hit = b.compare(Direction::Eq, iota, at)?;
+            out = b.select(hit, write.combine(b, out, value)?, out)?;
+        }
+        return Ok(out);
     }
     let (coords, batch, map) = element_indices(b, wrapped, d, r, batched)?;
     let dims = ScatterDims {
@@ -549,51 +580,14 @@ fn scatter_along<'b>(
         scatter_dims_to_operand_dims: map,
         index_vector_dim: r as i64,
     };
-    let bool_or = x.dtype() == DType::Bool;
-    Ok(b.scatter(x, coords, src, dims, |cur, new| match write {
-        Write::Replace => Ok(new),
-        Write::Add if bool_or => b.binary(BinaryOp::Or, cur, new),
-        Write::Add => b.binary(BinaryOp::Add, cur, new),
-    })?)
+    Ok(b.scatter(x, coords, src, dims, |cur, new| write.combine(b, cur, new))?)
 }
 
-/// Up to this many writes along the scatter dim per position of the others, a scatter is
-/// elementwise compares and selects (XLA fuses them into the consumer), not a
+/// Up to this many writes along the scatter dim per position of the others (the index as large
+/// as `self` in every other dim), a scatter is elementwise compares and selects (XLA fuses them into the consumer), not a
 /// `stablehlo.scatter` (whose result XLA writes out whole: a fresh `[N, V]` for the one
 /// write a row of a loss's gradient).
 const FEW_WRITES: u64 = 4;
-
-/// [`scatter_along`] for an index as large as `self` in every dim but `d`, with `k <=`
-/// [`FEW_WRITES`] along it: for each `j < k`, `self` takes `src[.., j, ..]` (or adds it) where
-/// `iota(d) == index[.., j, ..]`; a repeated index: the last write wins, or all add up.
-fn scatter_by_compare<'b>(
-    b: &'b KernelBuilder,
-    x: Tensor<'b>,
-    d: usize,
-    idx: Tensor<'b>,
-    src: Tensor<'b>,
-    write: Write,
-) -> R<Tensor<'b>> {
-    let is = dims_of(idx)?;
-    let shape = x.shape();
-    let iota = b.iota(x.ty().with_dtype(idx.dtype()), d as i64)?;
-    let (lo, step) = (vec![0i64; is.len()], vec![1i64; is.len()]);
-    let mut out = x;
-    for j in 0..is[d] as i64 {
-        let (mut start, mut limit) = (lo.clone(), is.iter().map(|&v| v as i64).collect::<Vec<_>>());
-        (start[d], limit[d]) = (j, j + 1);
-        let at = b.broadcast_to(b.slice(idx, &start, &limit, &step)?, &shape)?;
-        let value = b.broadcast_to(b.slice(src, &start, &limit, &step)?, &shape)?;
-        let hit = b.compare(Direction::Eq, iota, at)?;
-        let value = match write {
-            Write::Replace => value,
-            Write::Add if x.dtype() == DType::Bool => b.binary(BinaryOp::Or, out, value)?,
-            Write::Add => b.binary(BinaryOp::Add, out, value)?,
-        };
-        out = b.select(hit, value, out)?;
-    }
-    Ok(out)
-}
 
 /// `scatter(self, dim, index, value)`: the elements `index` points at become `value`.
 pub(super) fn scatter_value<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
