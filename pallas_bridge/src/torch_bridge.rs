@@ -1228,6 +1228,18 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         "cpu_execution",
         if crate::runtime::cpu_async() { "worker thread" } else { "calling thread" },
     )?;
+    let malloc = PyDict::new(py);
+    match tpu_kernels_registry::pjrt::malloc_policy() {
+        Some(policy) => {
+            malloc.set_item("policy", policy.name())?;
+            malloc.set_item("detail", policy.detail())?;
+        }
+        None => {
+            malloc.set_item("policy", "pending")?;
+            malloc.set_item("detail", "decided when the first PJRT CPU client is created")?;
+        }
+    }
+    d.set_item("cpu_malloc", malloc)?;
     let compile_options = PyDict::new(py);
     if rt.dispatcher.client().platform() == "cpu" {
         let options = CompileOptions::new();

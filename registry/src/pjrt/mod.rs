@@ -38,6 +38,7 @@ mod error;
 mod event;
 mod executable;
 mod host_call;
+mod malloc;
 pub(crate) mod plugin;
 mod proto;
 mod sys;
@@ -53,6 +54,9 @@ pub use compile::{
 pub use error::{Error, ErrorCode, Result, Runtime};
 pub use executable::{Execution, Input, LoadedExecutable, ParameterSpec};
 pub use host_call::{HostArg, HostCall, HostFunction, HostResult, register_host_function};
+pub use malloc::{
+    MMAP_THRESHOLD, MallocPolicy, TRIM_THRESHOLD, malloc_policy, retain_large_blocks,
+};
 pub use plugin::{
     AttributeValue, Plugin, PluginAttributes, StableHloVersion, cache_dir, locate_cpu_plugin,
     locate_libtpu,

@@ -155,6 +155,11 @@ class Report:
     # Where the shared PJRT CPU client runs a program: "calling thread" (the default) or
     # "worker thread" (`TPUK_CPU_ASYNC=1`, the plugin's own default).
     cpu_execution: str = "calling thread"
+    # How the C allocator serves large blocks (programs' temporaries, PyTorch's CPU tensors):
+    # `policy` is "retained" (tpu_kernels raised glibc's mmap and trim thresholds), "user" (the
+    # user set them), "kept" (`TPUK_MALLOC=keep`), "unsupported", or "pending" before the first
+    # CPU client; `detail` says it in words.
+    malloc: dict | None = None
     # XLA options the shared PJRT CPU client compiles every program with, beyond the process's
     # `XLA_FLAGS`: `xla_cpu_prefer_vector_width=512` on a host with AVX-512 (XLA's default is
     # 256), unless `XLA_FLAGS` names that flag.
@@ -248,6 +253,8 @@ class Report:
         if self.cpu_compile_options:
             opts = ", ".join(f"{k}={v}" for k, v in sorted(self.cpu_compile_options.items()))
             lines.append(f"PJRT CPU client: programs compiled with {opts} (XLA_FLAGS naming a flag overrides it)")
+        if self.malloc and self.malloc.get("policy") not in ("retained", "pending"):
+            lines.append(f"C allocator: {self.malloc['detail']}")
         if self.openmp and self.openmp.get("spin") == "default":
             lines.append(f"OpenMP: {self.openmp['detail']}")
         if self.errors():
@@ -349,6 +356,7 @@ def report() -> Report:
     return Report(
         sharded=sharded,
         cpu_execution=s["cpu_execution"],
+        malloc=dict(s["cpu_malloc"]),
         cpu_compile_options=dict(s["cpu_compile_options"]),
         openmp=_openmp.state(),
         device=device,
