@@ -16,6 +16,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/op_registration/adaption.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
@@ -29,6 +30,9 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+
+#include <dlfcn.h>
+#include <pthread.h>
 
 #include <cstring>
 #include <map>
@@ -186,6 +190,36 @@ at::Tensor tpu_retag(const at::Tensor& r) {
 
 // ----- device guard, hooks, generator -----
 
+// PyTorch's autograd engine runs a device's backward on a thread of its own
+// (`pt_autograd_<index>`), which lives as long as the process. CPU kernels there (the fallback,
+// copies) would start a second OpenMP team beside the main thread's; libgomp then manages more
+// threads than there are CPUs and throttles every team's spinning, so from then on each
+// parallel region in the process waits for its workers to wake (a parallel relu over 65536
+// floats on the main thread: 6 us before, 80-120 us after, docs/perf-log.md). The engine's
+// threads run their CPU kernels on themselves alone; the main thread keeps its team.
+void serial_on_engine_thread() noexcept {
+  thread_local bool done = false;
+  if (done) return;
+  done = true;
+  char name[16] = {0};
+  if (pthread_getname_np(pthread_self(), name, sizeof name) != 0 ||
+      std::strncmp(name, "pt_autograd_", 12) != 0) {
+    return;
+  }
+  // ATen sets a thread's OpenMP thread count lazily, at its first parallel region: done first,
+  // so that it does not undo what follows.
+  (void)at::get_num_threads();
+  if (void* gomp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD)) {
+    if (auto set = reinterpret_cast<void (*)(int)>(dlsym(gomp, "omp_set_num_threads"))) set(1);
+    dlclose(gomp);
+  }
+  // MKL keeps its own per-thread count (torch's BLAS calls). `MKL_Set_Num_Threads_Local` is
+  // its C entry; the lowercase symbol is the Fortran one, which takes a pointer.
+  if (auto set = reinterpret_cast<int (*)(int)>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"))) {
+    set(1);
+  }
+}
+
 struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
   c10::Device exchangeDevice(c10::Device d) const override {
@@ -193,8 +227,12 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
     return tpu_device();
   }
   c10::Device getDevice() const override { return tpu_device(); }
-  void setDevice(c10::Device d) const override { check_index(d); }
-  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  // The autograd engine's device thread calls this first (see `serial_on_engine_thread`).
+  void setDevice(c10::Device d) const override {
+    check_index(d);
+    serial_on_engine_thread();
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override { serial_on_engine_thread(); }
   c10::Stream getStream(c10::Device) const override {
     return c10::Stream(c10::Stream::DEFAULT, tpu_device());
   }
@@ -609,6 +647,7 @@ void alias_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                       torch::jit::Stack* stack) {
   check_installed();
+  serial_on_engine_thread();
   std::string full = op_key(op);
   g_api->fell_back(reinterpret_cast<uintptr_t>(&op.schema()), full.data(), full.size());
   if (g_api->mode() != TPUK_MODE_DEBUG) {

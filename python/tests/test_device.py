@@ -578,3 +578,26 @@ def test_mse_loss_on_the_device_warns_nothing():
     ref.backward()
     torch.testing.assert_close(loss.detach().cpu(), ref.detach())
     torch.testing.assert_close(at.grad.cpu(), a.grad)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread names come from Linux's /proc")
+def test_the_autograd_engines_device_thread_starts_no_second_openmp_team():
+    # The engine runs the device's backward on its own thread. A parallel CPU kernel there (relu's
+    # backward over 65536 floats, through the fallback) must not start an OpenMP team of its own:
+    # beside the main thread's, libgomp would throttle every team's spinning for the rest of the
+    # process. An OpenMP worker takes its master's name, so a team shows as a second thread named
+    # pt_autograd_0. The main thread keeps its thread count.
+    r = _run(
+        """
+        import glob
+        import torch
+        torch.set_num_threads(2)
+        x = torch.randn(256, 256, device="tpu", requires_grad=True)
+        (torch.relu(x) * 3).sum().backward()
+        assert x.grad.device.type == "tpu"
+        names = [open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm")]
+        print(names.count("pt_autograd_0"), torch.get_num_threads())
+        """
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["1", "2"], r.stdout
