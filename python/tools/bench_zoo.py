@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", help="comma-separated zoo models (default: all)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per path (default 5)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per path (default 20)")
     p.add_argument(
         "--warmup",
         type=int,
