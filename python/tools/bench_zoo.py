@@ -7,22 +7,28 @@ time and PJRT program time), and the strict and fused eager modes. Prints a Mark
     python python/tools/bench_zoo.py --models llama,gpt2 --steps 5
     python python/tools/bench_zoo.py --paths tpu,tpu-fused,tpu-compile   # the "tpu" device only
 
-A step is forward, backward and one AdamW step (foreach=False) on the model's batch; each path
-gets a fresh model from the same seed, `--warmup` untimed steps (compiles happen there), then
-`--steps` timed ones; the median is reported. Program time is what the extension measures
-around each compiled program's run (`report().graphs["run_time_s"]`: uploads, execution,
-outputs); the AdamW step runs in eager PyTorch in every path and is shown apart; host time is
-the rest of the compiled step (Dynamo's guards, AOT's wrappers, argument and output handling,
-the model's Python between graphs, PyTorch nodes of split graphs), also per graph call, with
-the backend's own share (`report().compiled["call_time_s"]` less the program time) apart.
+Each model runs in a fresh process of its own (`--one-process` times them all in this one), so what
+one model's paths leave behind in a process does not weigh on the next model's timings; the paths
+of one model share its process. A step is forward, backward and one AdamW step (foreach=False) on
+the model's batch; each path gets a fresh model from the same seed, `--warmup` untimed steps
+(compiles happen there), then `--steps` timed ones; the median is reported. Program time is what
+the extension measures around each compiled program's run (`report().graphs["run_time_s"]`:
+uploads, execution, outputs); the AdamW step runs in eager PyTorch in every path and is shown
+apart; host time is the rest of the compiled step (Dynamo's guards, AOT's wrappers, argument and
+output handling, the model's Python between graphs, PyTorch nodes of split graphs), also per graph
+call, with the backend's own share (`report().compiled["call_time_s"]` less the program time)
+apart.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -153,6 +159,22 @@ def measure(spec, path: str, warmup: int, steps: int) -> dict[str, float]:
     return {**rows[times.index(statistics.median_low(times))], **peaks}
 
 
+def _in_child(name: str, paths: list[str], args) -> dict[str, dict[str, float] | str]:
+    """One model's cells, measured by this script in a fresh process."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "rows.json"
+        r = subprocess.run(
+            [sys.executable, __file__, "--models", name, "--paths", ",".join(paths), "--steps", str(args.steps),
+             "--warmup", str(args.warmup), "--json-out", str(out)],
+            stdout=subprocess.DEVNULL,
+        )
+        if r.returncode != 0 or not out.exists():
+            return {path: f"the model's process failed (exit code {r.returncode})" if path in paths
+                    else "not run (--paths)" for path in PATHS}
+        [(_, _, got)] = json.loads(out.read_text())
+        return got
+
+
 def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -166,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         "once the optimizer's changing floats are lifted into program inputs)",
     )
     p.add_argument("--paths", help=f"comma-separated paths to time (default: all of {', '.join(PATHS)})")
+    p.add_argument("--one-process", action="store_true",
+                   help="time every model in this process (default: a fresh process per model)")
+    p.add_argument("--json-out", help=argparse.SUPPRESS)  # a child's rows, for its parent
     args = p.parse_args(argv)
     paths = args.paths.split(",") if args.paths else list(PATHS)
     if set(paths) - set(PATHS):
@@ -184,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     for name in names:
         spec = zoo.SPECS[name]
+        if len(names) > 1 and not args.one_process:
+            # Each model in a fresh process: what one model's paths leave behind in a process
+            # (threads, caches, the heap) does not weigh on the next model's timings.
+            rows.append((name, spec.family, _in_child(name, paths, args)))
+            continue
         got: dict[str, dict[str, float] | str] = {path: "not run (--paths)" for path in PATHS}
         for path in paths:
             t = time.perf_counter()
@@ -194,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[bench_zoo {time.perf_counter() - start:6.1f}s] {name} {path} ({time.perf_counter() - t:.1f} s)",
                   file=sys.stderr, flush=True)
         rows.append((name, spec.family, got))
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(rows))
+        return 0
 
     def ms(v) -> str:
         if isinstance(v, dict):
@@ -205,10 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             return f"{v['step'] / base['step']:.2f}"
         return "n/a"
 
+    separate = ", each model in a process of its own" if len(names) > 1 and not args.one_process else ""
     print("## Zoo: one training step per path (ms, median)")
     print()
     print(f"{args.steps} timed steps after {args.warmup} untimed ones, each path on a fresh model from the same "
-          "seed; forward, backward and an AdamW step. tpu_kernels = `torch.compile(backend=\"tpu_kernels\")`, its "
+          f"seed{separate}; forward, backward and an AdamW step. tpu_kernels = `torch.compile(backend=\"tpu_kernels\")`, its "
           "program time measured around each compiled program's run, the AdamW step (eager PyTorch in every path) "
           "apart, host time the rest of the step.")
     print()
