@@ -38,7 +38,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -126,12 +128,17 @@ void drop_storage_ref(void* ctx) {
   c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(ctx));
 }
 
+// A tpu storage's reference to CPU memory: dropped once no pending recorded trace may read it.
+void retire_storage_ref(void* ctx) { g_api->retire(ctx, &drop_storage_ref); }
+
 // A storage on `device` over the memory of `storage`, which it keeps alive.
 c10::Storage storage_alias(const c10::Storage& storage, c10::Device device, bool resizable,
                            c10::Allocator* allocator) {
   c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   c10::raw::intrusive_ptr::incref(impl);
-  c10::DataPtr dp(const_cast<void*>(storage.data()), impl, &drop_storage_ref, device);
+  bool on_tpu = device.type() == c10::DeviceType::PrivateUse1;
+  c10::DataPtr dp(const_cast<void*>(storage.data()), impl,
+                  on_tpu ? &retire_storage_ref : &drop_storage_ref, device);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), storage.nbytes(), std::move(dp), allocator, resizable));
 }
@@ -157,11 +164,14 @@ struct Adopted {
   size_t bytes;
 };
 
-void drop_adopted(void* ctx) {
+void drop_adopted_now(void* ctx) {
   auto* adopted = static_cast<Adopted*>(ctx);
   g_api->adopted(-static_cast<ptrdiff_t>(adopted->bytes));
   delete adopted;  // frees the block through its own deleter
 }
+
+// Freed once no pending recorded trace may read it.
+void drop_adopted(void* ctx) { g_api->retire(ctx, &drop_adopted_now); }
 
 // A tpu tensor over the memory of CPU tensor `r` (a fallback's fresh result), with no copy.
 at::Tensor tpu_retag(const at::Tensor& r) {
@@ -280,6 +290,14 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   }
 };
 
+// ----- the native recorder's materialisation points -----
+
+// Runs what the native recorder holds before a call reads or writes device memory directly.
+void materialise(const std::string& reason) {
+  if (g_api == nullptr || g_api->mode() != TPUK_MODE_RECORD) return;
+  TORCH_CHECK(g_api->flush(reason.data(), reason.size()) == TPUK_RAN, last_message());
+}
+
 // ----- the kernels every backend needs -----
 
 at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -302,19 +320,46 @@ at::Tensor host_view(const at::Tensor& t) {
   return t.device().type() == c10::DeviceType::PrivateUse1 ? cpu_alias(t) : t;
 }
 
+bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, size_t first,
+                 size_t nargs, std::vector<at::Tensor> written);
+
+// A copy between tpu tensors in fused mode with the native recorder: recorded as `aten::copy`
+// into `dst` when the recorder takes it.
+bool record_copy(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (g_api == nullptr || g_api->mode() != TPUK_MODE_RECORD) return false;
+  if (self.device().type() != c10::DeviceType::PrivateUse1 ||
+      dst.device().type() != c10::DeviceType::PrivateUse1) {
+    return false;
+  }
+  static const c10::OperatorHandle copy =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy", "");
+  torch::jit::Stack stack{dst, self, non_blocking};
+  return record_call(&copy, &stack, 0, 3, {dst});
+}
+
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (record_copy(self, dst, non_blocking)) return dst;
+  materialise("copy");
   host_view(dst).copy_(host_view(self), non_blocking);
   return dst;
 }
 
 at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  materialise("copy");
   dst.resize_(self.sizes());
   host_view(dst).copy_(host_view(self));
   return dst;
 }
 
 at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
+  materialise("item");
   return at::native::_local_scalar_dense_cpu(cpu_alias(self));
+}
+
+const at::Tensor& tpu_resize(const at::Tensor& self, c10::IntArrayRef size,
+                            std::optional<c10::MemoryFormat> memory_format) {
+  materialise("resize_");
+  return at::native::resize_(self, size, memory_format);
 }
 
 at::Tensor& tpu_set_empty(at::Tensor& self) {
@@ -433,21 +478,10 @@ at::Tensor to_meta(const at::Tensor& t) {
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 
-// Before the op runs: whether its inputs are finite (in-place ops overwrite them), and its
-// outputs by its meta function (none when it has no meta kernel).
-DebugState debug_before(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
-                        size_t first, size_t nargs) {
-  DebugState state;
-  state.on = true;
-  std::vector<TpukArg> flat;
-  std::vector<at::Tensor> keep;
-  const auto& schema_args = op.schema().arguments();
-  for (size_t i = 0; i < nargs; ++i) {
-    // An out= argument is no input: its memory is whatever the allocator handed out.
-    if (i < schema_args.size() && schema_args[i].is_out()) continue;
-    flatten(stack[first + i], flat, keep);
-  }
-  state.inputs_finite = g_api->finite(flat.data(), flat.size()) != 0;
+// The outputs of `op`'s meta function on the call's arguments (flattened into `expected`);
+// false when it has none (or it rejects what the CPU kernel takes).
+bool meta_outputs(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t first,
+                  size_t nargs, std::vector<at::Tensor>& expected) {
   try {
     torch::jit::Stack meta;
     for (size_t i = 0; i < nargs; ++i) {
@@ -473,18 +507,36 @@ DebugState debug_before(const c10::OperatorHandle& op, const torch::jit::Stack& 
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
     for (const c10::IValue& r : meta) {
       if (r.isTensor()) {
-        state.expected.push_back(r.toTensor());
+        expected.push_back(r.toTensor());
       } else if (r.isTensorList()) {
-        for (const at::Tensor& t : r.toTensorList().vec()) state.expected.push_back(t);
+        for (const at::Tensor& t : r.toTensorList().vec()) expected.push_back(t);
       } else if (r.isNone()) {
-        state.expected.push_back(at::Tensor());
+        expected.push_back(at::Tensor());
       }
     }
-    state.has_expected = true;
+    return true;
   } catch (const std::exception&) {
     // No meta function for this op (or it rejects what the CPU kernel takes): no shape check.
-    state.has_expected = false;
+    return false;
   }
+}
+
+// Before the op runs: whether its inputs are finite (in-place ops overwrite them), and its
+// outputs by its meta function (none when it has no meta kernel).
+DebugState debug_before(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                        size_t first, size_t nargs) {
+  DebugState state;
+  state.on = true;
+  std::vector<TpukArg> flat;
+  std::vector<at::Tensor> keep;
+  const auto& schema_args = op.schema().arguments();
+  for (size_t i = 0; i < nargs; ++i) {
+    // An out= argument is no input: its memory is whatever the allocator handed out.
+    if (i < schema_args.size() && schema_args[i].is_out()) continue;
+    flatten(stack[first + i], flat, keep);
+  }
+  state.inputs_finite = g_api->finite(flat.data(), flat.size()) != 0;
+  state.has_expected = meta_outputs(op, stack, first, nargs, state.expected);
   return state;
 }
 
@@ -643,12 +695,19 @@ void alias_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
-// Every op no kernel is registered for at the key: counted, then the alias fallback.
+bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Every op no kernel is registered for at the key: recorded in fused mode with the native
+// recorder when it takes the call; else counted, then the alias fallback.
 void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                       torch::jit::Stack* stack) {
   check_installed();
   serial_on_engine_thread();
   std::string full = op_key(op);
+  if (g_api->mode() == TPUK_MODE_RECORD) {
+    if (try_record(op, stack)) return;
+    materialise(full);
+  }
   g_api->fell_back(reinterpret_cast<uintptr_t>(&op.schema()), full.data(), full.size());
   if (g_api->mode() != TPUK_MODE_DEBUG) {
     alias_fallback(op, stack);
@@ -663,6 +722,7 @@ void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
 // ----- ops PyTorch routes to a backend's own kernels -----
 
 void count_fallback(const char* name) {
+  materialise(name);
   // The name's address identifies the op for the process's life.
   g_api->fell_back(reinterpret_cast<uintptr_t>(name), name, std::strlen(name));
 }
@@ -758,6 +818,257 @@ at::Tensor wrap_output(const TpukOut& o) {
   return t;
 }
 
+// ----- the native recorder -----
+
+void copy_message(const std::string& m, char* err, size_t cap);
+
+// The call `record` is handed: what `keep` keeps of it.
+struct CallContext {
+  const c10::OperatorHandle* op;
+  const torch::jit::Stack* stack;
+  size_t first;
+  size_t nargs;
+};
+
+// A recorded call as the shim keeps it until the flush: its operator and its arguments, with
+// the tensors left out (their positions kept): holding them would keep every recorded value
+// alive, and the recorder finds them by memory.
+struct KeptCall {
+  c10::OperatorHandle op;
+  torch::jit::Stack args;
+  std::vector<size_t> tensor_positions;
+};
+
+// Null when it cannot keep it (the recorder then declines the call).
+void* keep_call(void* call) noexcept {
+  try {
+    auto* c = static_cast<CallContext*>(call);
+    auto kept = std::make_unique<KeptCall>(KeptCall{*c->op, {}, {}});
+    kept->args.reserve(c->nargs);
+    for (size_t i = 0; i < c->nargs; ++i) {
+      const c10::IValue& v = (*c->stack)[c->first + i];
+      // Device tensors are left out (the recorder gives their memory at a replay); a CPU
+      // scalar stays.
+      if (v.isTensor() && v.toTensor().defined() &&
+          v.toTensor().device().type() == c10::DeviceType::PrivateUse1) {
+        kept->tensor_positions.push_back(i);
+        kept->args.emplace_back();
+      } else {
+        kept->args.push_back(v);
+      }
+    }
+    return kept.release();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void drop_call(void* kept) noexcept { delete static_cast<KeptCall*>(kept); }
+
+// Runs a kept call on PyTorch's CPU kernels over the memory the recorder gives (the trace's
+// program failed): a recorded trace replayed call by call.
+int32_t replay_call(void* k, const TpukArg* tensors, size_t ntensors, const TpukArg* outs,
+                    size_t nouts, char* err, size_t cap) noexcept {
+  auto* kept = static_cast<KeptCall*>(k);
+  try {
+    TORCH_CHECK(ntensors == kept->tensor_positions.size(), "replay: ", ntensors,
+                " tensors for a call that took ", kept->tensor_positions.size());
+    torch::jit::Stack stack = kept->args;
+    for (size_t j = 0; j < ntensors; ++j) {
+      const TpukArg& a = tensors[j];
+      c10::IntArrayRef sizes(a.sizes, static_cast<size_t>(a.len));
+      c10::IntArrayRef strides(a.strides, static_cast<size_t>(a.len));
+      stack[kept->tensor_positions[j]] = at::from_blob(
+          const_cast<void*>(a.data), sizes, strides,
+          at::TensorOptions().dtype(static_cast<c10::ScalarType>(a.dtype)).device(c10::kCPU));
+    }
+    for (c10::IValue& v : stack) {
+      if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        v = c10::IValue(c10::Device(c10::kCPU));
+      }
+    }
+    kept->op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack);
+    TORCH_CHECK(stack.size() == nouts, "replay: ", stack.size(), " results where ", nouts,
+                " were recorded");
+    for (size_t i = 0; i < nouts; ++i) {
+      at::Tensor r = stack[i].toTensor();
+      const TpukArg& o = outs[i];
+      at::from_blob(const_cast<void*>(o.data), c10::IntArrayRef(o.sizes, static_cast<size_t>(o.len)),
+                    c10::IntArrayRef(o.strides, static_cast<size_t>(o.len)), r.options())
+          .copy_(r);
+    }
+    return TPUK_RAN;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), err, cap);
+    return TPUK_ERROR;
+  }
+}
+
+const TpukRecordHooks kRecordHooks = {&keep_call, &replay_call, &drop_call};
+
+// Whether the recorder may be handed calls of `op`: one that writes an argument, returns a view
+// or anything but tensors, or draws random numbers runs as strict mode runs it.
+bool recordable(const c10::FunctionSchema& schema) {
+  if (schema.is_mutable()) return false;
+  for (const auto& r : schema.returns()) {
+    if (r.alias_info() != nullptr || r.type()->kind() != c10::TypeKind::TensorType) return false;
+  }
+  for (const auto& a : schema.arguments()) {
+    c10::TypePtr t = a.type();
+    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+    if (t->kind() == c10::TypeKind::GeneratorType) return false;
+  }
+  return true;
+}
+
+// What an in-place (`add_`) or out= (`add.out`) op computes: its functional overload
+// (`add.Tensor`), whose arguments are the op's first ones, and the arguments the op writes, in
+// the order of its results. `op` is empty when there is no such overload.
+struct Functional {
+  std::optional<c10::OperatorHandle> op;
+  std::vector<size_t> written;
+};
+
+const Functional& functional_of(const c10::OperatorHandle& op) {
+  static std::mutex lock;
+  static std::unordered_map<const c10::FunctionSchema*, Functional> cache;
+  static std::map<std::string, std::vector<std::string>> overloads;
+  std::lock_guard<std::mutex> guard(lock);
+  const auto& schema = op.schema();
+  auto it = cache.find(&schema);
+  if (it != cache.end()) return it->second;
+  Functional f;
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].alias_info() != nullptr && args[i].alias_info()->isWrite()) f.written.push_back(i);
+  }
+  bool ok = !f.written.empty() && schema.returns().size() == f.written.size();
+  for (const auto& r : schema.returns()) {
+    ok = ok && r.type()->kind() == c10::TypeKind::TensorType && r.alias_info() != nullptr &&
+         r.alias_info()->isWrite();
+  }
+  std::string base = schema.name();
+  const bool in_place = ok && !args[f.written[0]].is_out();
+  size_t nfunctional = args.size();
+  if (in_place) {
+    ok = f.written.size() == 1 && !base.empty() && base.back() == '_';
+    if (ok) base.pop_back();
+  } else if (ok) {
+    // The out= arguments come last.
+    nfunctional = args.size() - f.written.size();
+    for (size_t k = 0; k < f.written.size(); ++k) {
+      ok = ok && f.written[k] == nfunctional + k && args[f.written[k]].is_out();
+    }
+  }
+  if (ok) {
+    if (overloads.empty()) {
+      for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) {
+        overloads[n.name].push_back(n.overload_name);
+      }
+    }
+    for (const std::string& overload : overloads[base]) {
+      auto h = c10::Dispatcher::singleton().findOp({base, overload});
+      if (!h) continue;
+      const auto& fs = h->schema();
+      if (fs.is_mutable() || fs.returns().size() != f.written.size() ||
+          fs.arguments().size() != nfunctional) {
+        continue;
+      }
+      bool same = true;
+      for (size_t k = 0; k < nfunctional && same; ++k) {
+        same = fs.arguments()[k].name() == args[k].name() &&
+               fs.arguments()[k].type()->str() == args[k].type()->str();
+      }
+      if (same) {
+        f.op = *h;
+        break;
+      }
+    }
+  }
+  return cache.emplace(&schema, std::move(f)).first->second;
+}
+
+// Fused mode with the native recorder: hands the call to `record` (an in-place or out= call as
+// its functional op, written into the tensors it writes). True when it was recorded: the stack
+// then holds its results, which the flush fills.
+bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, size_t first,
+                 size_t nargs, std::vector<at::Tensor> written);
+
+bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t nargs = op.schema().arguments().size();
+  const size_t first = stack->size() - nargs;
+  const c10::OperatorHandle* target = &op;
+  std::vector<at::Tensor> written;
+  if (op.schema().is_mutable()) {
+    const Functional& f = functional_of(op);
+    if (!f.op) return false;
+    target = &*f.op;
+    for (size_t w : f.written) {
+      const c10::IValue& v = (*stack)[first + w];
+      if (!v.isTensor()) return false;
+      written.push_back(v.toTensor());
+    }
+  }
+  return record_call(target, stack, first, nargs, std::move(written));
+}
+
+// Records `target` on the `nargs` arguments from `first` on (its own come first), its outputs
+// written into `written` when given; on success the call's arguments on the stack are
+// replaced by its results.
+bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, size_t first,
+                 size_t nargs, std::vector<at::Tensor> written) {
+  const auto& schema = target->schema();
+  if (!recordable(schema)) return false;
+  const size_t ntarget = schema.arguments().size();
+  const size_t nret = schema.returns().size();
+  Scratch scratch;
+  std::vector<TpukArg> args = marshal(*stack, first, ntarget, scratch);
+  // What an int stands for, the schema says.
+  for (size_t i = 0; i < ntarget; ++i) {
+    const c10::IValue& v = (*stack)[first + i];
+    if (v.isDevice()) {
+      args[i].kind = TPUK_DEVICE;
+      continue;
+    }
+    if (!v.isInt()) continue;
+    c10::TypePtr t = schema.arguments()[i].real_type();
+    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
+    switch (t->kind()) {
+      case c10::TypeKind::ScalarTypeType: args[i].kind = TPUK_DTYPE; break;
+      case c10::TypeKind::LayoutType: args[i].kind = TPUK_LAYOUT; break;
+      case c10::TypeKind::MemoryFormatType: args[i].kind = TPUK_MEMORY_FORMAT; break;
+      default: break;
+    }
+  }
+  std::vector<TpukArg> into;
+  for (const at::Tensor& t : written) into.push_back(tensor_arg(t));
+  std::vector<TpukOut> outs(written.empty() ? nret : 0);
+  CallContext call{target, stack, first, ntarget};
+  const auto key = reinterpret_cast<uintptr_t>(&schema);
+  int32_t r = g_api->record(key, args.data(), ntarget, into.data(), into.size(), outs.data(),
+                            outs.size(), nullptr, &call);
+  if (r == TPUK_NEED_TYPES) {
+    std::vector<at::Tensor> expected;
+    bool has = meta_outputs(*target, *stack, first, ntarget, expected);
+    std::vector<TpukArg> flat;
+    for (const at::Tensor& t : expected) flat.push_back(tensor_arg(t));
+    std::string name = op_key(*target);
+    std::string names;
+    for (const auto& a : schema.arguments()) names += a.name() + "\n";
+    TpukOpInfo info{name.data(), name.size(), names.data(), names.size(), flat.data(),
+                    has ? static_cast<ptrdiff_t>(flat.size()) : -1};
+    r = g_api->record(key, args.data(), ntarget, into.data(), into.size(), outs.data(),
+                      outs.size(), &info, &call);
+  }
+  TORCH_CHECK(r != TPUK_ERROR, last_message());
+  if (r != TPUK_RAN) return false;
+  std::vector<at::Tensor> results = std::move(written);
+  for (const TpukOut& o : outs) results.push_back(wrap_output(o));
+  torch::jit::drop(*stack, nargs);
+  for (at::Tensor& t : results) torch::jit::push(*stack, std::move(t));
+  return true;
+}
+
 // The kernel of one bound op overload: its arguments go to the Rust dispatcher as `TpukArg`s;
 // a declined call runs the fallback (Rust counted it with its reason).
 struct KernelAtKey final : c10::OperatorKernel {
@@ -769,6 +1080,10 @@ struct KernelAtKey final : c10::OperatorKernel {
     const size_t nret = schema.returns().size();
     const size_t first = stack->size() - nargs;
     check_devices(op, *stack, first);
+    if (g_api->mode() == TPUK_MODE_RECORD) {
+      if (try_record(op, stack)) return;
+      materialise(op_key(op));
+    }
     Scratch scratch;
     std::vector<TpukArg> args = marshal(*stack, first, nargs, scratch);
     DebugState debug;
@@ -830,7 +1145,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided", at::native::as_strided_tensorimpl);
   m.impl("view", at::native::view);
   m.impl("_reshape_alias", at::native::_reshape_alias);
-  m.impl("resize_", at::native::resize_);
+  m.impl("resize_", tpu_resize);
   m.impl("_copy_from", tpu_copy_from);
   m.impl("_copy_from_and_resize", tpu_copy_from_and_resize);
   m.impl("_local_scalar_dense", tpu_local_scalar_dense);
@@ -884,6 +1199,7 @@ int tpuk_shim_install(const TpukDeviceApi* api, char* err, size_t cap) {
   }
   static bool hooks_registered = false;
   g_api = api;
+  api->connect(&kRecordHooks);
   if (!hooks_registered) {
     at::RegisterPrivateUse1HooksInterface(new TpuHooks());
     at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&tpu_fused_sdp_choice);

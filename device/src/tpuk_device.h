@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TPUK_DEVICE_ABI 3
+#define TPUK_DEVICE_ABI 4
 #define TPUK_MAX_RANK 16
 
 // What one argument of an op call is (`TpukArg::kind`).
@@ -24,13 +24,21 @@ enum {
   TPUK_STRING = 7,
   // Anything else (a scalar type is passed as TPUK_INT: its c10::ScalarType code).
   TPUK_OTHER = 8,
+  // Only in `record`, where the schema's argument types say what an int is: a scalar type
+  // (its c10::ScalarType code), a layout, a memory format (c10's codes); a device.
+  TPUK_DTYPE = 9,
+  TPUK_LAYOUT = 10,
+  TPUK_MEMORY_FORMAT = 11,
+  TPUK_DEVICE = 12,
 };
 
 // Where a tensor argument lives (`TpukArg::device`).
 enum { TPUK_ON_CPU = 0, TPUK_ON_TPU = 1, TPUK_ON_OTHER = 2 };
 
 // The device's eager mode (`mode`).
-enum { TPUK_MODE_STRICT = 0, TPUK_MODE_DEBUG = 1, TPUK_MODE_FUSED = 2 };
+// TPUK_MODE_FUSED is fused mode recorded in Python, above the device (the shim runs calls as
+// in strict mode); TPUK_MODE_RECORD is fused mode recorded here, through `record`.
+enum { TPUK_MODE_STRICT = 0, TPUK_MODE_DEBUG = 1, TPUK_MODE_FUSED = 2, TPUK_MODE_RECORD = 3 };
 
 // What `call` answers.
 enum {
@@ -40,6 +48,8 @@ enum {
   TPUK_DECLINED = 1,
   // An error to raise: `message` has the text.
   TPUK_ERROR = 2,
+  // `record` only: call again with the op's info (`TpukOpInfo`).
+  TPUK_NEED_TYPES = 3,
 };
 
 typedef struct {
@@ -74,6 +84,33 @@ typedef struct {
   int64_t sizes[TPUK_MAX_RANK];
 } TpukOut;
 
+// What `record` is told of an op the first time it sees a signature of it.
+typedef struct {
+  // `ns::op.overload` (`.default` for the default overload).
+  const char* name;
+  size_t name_len;
+  // The schema's argument names, each followed by '\n'.
+  const char* arg_names;
+  size_t arg_names_len;
+  // The outputs of the op's meta function (TPUK_NONE for an undefined one); `nexpected < 0`
+  // when it has none.
+  const TpukArg* expected;
+  ptrdiff_t nexpected;
+} TpukOpInfo;
+
+// The shim's side of recording, handed over once (`connect`).
+typedef struct {
+  // Keeps the call `call` (the context given to `record`): its operator and non-tensor
+  // arguments; returns what it kept.
+  void* (*keep)(void* call);
+  // Runs a kept call on PyTorch's CPU kernels, its tensor arguments (in stack order) over the
+  // memory `tensors` describe, writing its outputs into the memory `outs` describe. TPUK_RAN, or
+  // TPUK_ERROR with the error's text in `err` (at most `cap` bytes, NUL-terminated).
+  int32_t (*replay)(void* kept, const TpukArg* tensors, size_t ntensors, const TpukArg* outs,
+                    size_t nouts, char* err, size_t cap);
+  void (*drop)(void* kept);
+} TpukRecordHooks;
+
 typedef struct {
   uint32_t abi;
   uint32_t size;
@@ -105,4 +142,20 @@ typedef struct {
   // Copies the calling thread's last error message into `buf` (at most `cap` bytes, no NUL) and
   // returns its full length.
   size_t (*message)(char* buf, size_t cap);
+  // Fused mode with the native recorder: the call of the op `key` identifies (its schema's
+  // address) with `args` (kinds from the schema's types), `nouts` outputs. `into` (`ninto`
+  // tensors, else none): the memory the outputs are written into, for an in-place or out= call
+  // recorded as its functional op. TPUK_RAN: recorded, the outputs (`outs`, placeholders, when
+  // there is no `into`) are filled by the flush; TPUK_DECLINED: flush, then run it as strict mode
+  // does; TPUK_NEED_TYPES: call again with `info`; TPUK_ERROR. `call` is the shim's context for
+  // `TpukRecordHooks::keep`.
+  int32_t (*record)(uintptr_t key, const TpukArg* args, size_t nargs, const TpukArg* into,
+                    size_t ninto, TpukOut* outs, size_t nouts, const TpukOpInfo* info, void* call);
+  // Runs what was recorded (`reason` names the materialisation point). TPUK_RAN or TPUK_ERROR.
+  int32_t (*flush)(const char* reason, size_t len);
+  // Device memory whose storage died: `drop(ctx)` runs now, or after the flush while a trace
+  // that may read it is pending.
+  void (*retire)(void* ctx, void (*drop)(void*));
+  // Hands over the shim's recording hooks.
+  void (*connect)(const TpukRecordHooks* hooks);
 } TpukDeviceApi;

@@ -33,18 +33,25 @@ use crate::torch_bridge::{runtime, runtime_if_ready};
 
 // ----- the C ABI (mirrors device/src/tpuk_device.h) -----
 
-const ABI: u32 = 3;
+const ABI: u32 = 4;
 const MAX_RANK: usize = 16;
 
-const KIND_NONE: i32 = 0;
-const KIND_TENSOR: i32 = 1;
-const KIND_INT: i32 = 2;
-const KIND_DOUBLE: i32 = 3;
-const KIND_BOOL: i32 = 4;
-const KIND_BOOL_LIST: i32 = 6;
-const KIND_STRING: i32 = 7;
+pub(crate) const KIND_NONE: i32 = 0;
+pub(crate) const KIND_TENSOR: i32 = 1;
+pub(crate) const KIND_INT: i32 = 2;
+pub(crate) const KIND_DOUBLE: i32 = 3;
+pub(crate) const KIND_BOOL: i32 = 4;
+pub(crate) const KIND_INT_LIST: i32 = 5;
+pub(crate) const KIND_BOOL_LIST: i32 = 6;
+pub(crate) const KIND_STRING: i32 = 7;
+// Kinds only `record` is given (the shim reads them from the schema's argument types).
+pub(crate) const KIND_DTYPE: i32 = 9;
+pub(crate) const KIND_LAYOUT: i32 = 10;
+pub(crate) const KIND_MEMORY_FORMAT: i32 = 11;
+pub(crate) const KIND_DEVICE: i32 = 12;
 
-const ON_TPU: i32 = 1;
+pub(crate) const ON_CPU: i32 = 0;
+pub(crate) const ON_TPU: i32 = 1;
 const ON_OTHER: i32 = 2;
 
 const RAN: i32 = 0;
@@ -55,15 +62,35 @@ const ERROR: i32 = 2;
 #[repr(C)]
 #[derive(Debug)]
 pub struct TpukArg {
-    kind: i32,
+    pub(crate) kind: i32,
+    pub(crate) dtype: i32,
+    pub(crate) device: i32,
+    pub(crate) len: i32,
+    pub(crate) data: *const c_void,
+    pub(crate) sizes: *const i64,
+    pub(crate) strides: *const i64,
+    pub(crate) i: i64,
+    pub(crate) d: f64,
+}
+
+/// A dense tensor argument over `data` (for the shim's replay of a recorded call).
+pub(crate) fn tensor_arg(
     dtype: i32,
-    device: i32,
-    len: i32,
     data: *const c_void,
-    sizes: *const i64,
-    strides: *const i64,
-    i: i64,
-    d: f64,
+    sizes: &[i64],
+    strides: &[i64],
+) -> TpukArg {
+    TpukArg {
+        kind: KIND_TENSOR,
+        dtype,
+        device: ON_TPU,
+        len: sizes.len() as i32,
+        data,
+        sizes: sizes.as_ptr(),
+        strides: strides.as_ptr(),
+        i: 0,
+        d: 0.0,
+    }
 }
 
 /// One output of a kernel call, as the shim wraps it into a tensor.
@@ -104,6 +131,20 @@ pub struct TpukDeviceApi {
         isize,
     ) -> i32,
     message: extern "C" fn(*mut c_char, usize) -> usize,
+    record: extern "C" fn(
+        usize,
+        *const TpukArg,
+        usize,
+        *const TpukArg,
+        usize,
+        *mut TpukOut,
+        usize,
+        *const crate::recorder::TpukOpInfo,
+        *mut c_void,
+    ) -> i32,
+    flush: extern "C" fn(*const c_char, usize) -> i32,
+    retire: extern "C" fn(*mut c_void, extern "C" fn(*mut c_void)),
+    connect: extern "C" fn(*const crate::recorder::TpukRecordHooks),
 }
 
 static API: TpukDeviceApi = TpukDeviceApi {
@@ -119,6 +160,10 @@ static API: TpukDeviceApi = TpukDeviceApi {
     finite: api_finite,
     check: api_check,
     message: api_message,
+    record: api_record,
+    flush: crate::recorder::api_flush,
+    retire: crate::recorder::api_retire,
+    connect: crate::recorder::api_connect,
 };
 
 thread_local! {
@@ -126,7 +171,7 @@ thread_local! {
     static MESSAGE: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
-fn set_message(m: String) {
+pub(crate) fn set_message(m: String) {
     MESSAGE.with(|cell| *cell.borrow_mut() = m);
 }
 
@@ -145,7 +190,7 @@ extern "C" fn api_message(buf: *mut c_char, cap: usize) -> usize {
 // ----- c10 ScalarType codes -----
 
 /// `DType` of a c10 `ScalarType` code (None: no kernel takes that type).
-fn dtype_of_code(code: i32) -> Option<DType> {
+pub(crate) fn dtype_of_code(code: i32) -> Option<DType> {
     Some(match code {
         0 => DType::U8,
         1 => DType::I8,
@@ -164,7 +209,7 @@ fn dtype_of_code(code: i32) -> Option<DType> {
     })
 }
 
-fn code_of_dtype(dtype: DType) -> Option<i32> {
+pub(crate) fn code_of_dtype(dtype: DType) -> Option<i32> {
     Some(match dtype {
         DType::U8 => 0,
         DType::I8 => 1,
@@ -184,7 +229,7 @@ fn code_of_dtype(dtype: DType) -> Option<i32> {
 }
 
 /// torch's name of a `ScalarType` code without `torch.`, as kernels read dtype statics.
-fn dtype_name_of_code(code: i64) -> Option<&'static str> {
+pub(crate) fn dtype_name_of_code(code: i64) -> Option<&'static str> {
     Some(match code {
         0 => "uint8",
         1 => "int8",
@@ -307,22 +352,66 @@ unsafe fn reclaim<T>(ctx: *mut c_void) -> Option<Box<T>> {
 extern "C" fn api_free(ctx: *mut c_void) {
     // SAFETY: the context of a pool block's DataPtr is the `Box<HostBlock>` `api_alloc` made.
     let Some(block) = (unsafe { reclaim::<HostBlock>(ctx) }) else { return };
+    crate::recorder::free_or_defer(*block);
+}
+
+/// Gives a block of the allocator back (counted).
+pub(crate) fn free_block(block: HostBlock) {
     let size = block.size();
     held(|h| h.pool = h.pool.saturating_sub(size));
-    HostPool::global().free(*block);
+    HostPool::global().free(block);
 }
 
 // ----- kernel outputs -----
 
-extern "C" fn api_release(handle: *mut c_void) {
-    // SAFETY: a kernel output's handle is the `Box<Buffer>` `fill_output` made.
-    let Some(buffer) = (unsafe { reclaim::<Buffer>(handle) }) else { return };
-    let size = buffer.byte_size();
-    if buffer.is_zero_copy() {
-        held(|h| h.pooled_outputs = h.pooled_outputs.saturating_sub(size));
-    } else {
-        held(|h| h.outputs = h.outputs.saturating_sub(size));
+/// What owns an output tensor's memory: a kernel's PJRT buffer, or a block of the allocator
+/// the native recorder handed out as a placeholder.
+enum Owner {
+    Buffer(Buffer),
+    Placeholder(crate::recorder::Placeholder),
+}
+
+/// A kernel output's buffer, whose drop is counted.
+struct Counted(Buffer);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let size = self.0.byte_size();
+        if self.0.is_zero_copy() {
+            held(|h| h.pooled_outputs = h.pooled_outputs.saturating_sub(size));
+        } else {
+            held(|h| h.outputs = h.outputs.saturating_sub(size));
+        }
     }
+}
+
+extern "C" fn api_release(handle: *mut c_void) {
+    // SAFETY: an output's handle is the `Box<Owner>` `fill_output` or `fill_placeholder` made.
+    let Some(owner) = (unsafe { reclaim::<Owner>(handle) }) else { return };
+    match *owner {
+        Owner::Buffer(b) => crate::recorder::drop_or_defer(Box::new(Counted(b))),
+        Owner::Placeholder(p) => crate::recorder::release_placeholder(p),
+    }
+}
+
+/// Hands a placeholder (a block nothing has written yet) to the shim as an output of `ty`.
+pub(crate) fn fill_placeholder(
+    out: &mut TpukOut,
+    ty: &TensorType,
+    p: crate::recorder::Placeholder,
+) {
+    let dims = ty.shape.static_dims().unwrap_or_default();
+    out.dtype = code_of_dtype(ty.dtype).unwrap_or(-1);
+    out.ndim = dims.len() as i32;
+    out.absent = 0;
+    out.reserved = 0;
+    for (k, &d) in dims.iter().enumerate().take(MAX_RANK) {
+        out.sizes[k] = d as i64;
+    }
+    out.data = p.0.as_ptr().cast();
+    let size = p.0.size();
+    held(|h| h.pool += size);
+    out.handle = Box::into_raw(Box::new(Owner::Placeholder(p))).cast();
 }
 
 // ----- plans -----
@@ -665,7 +754,7 @@ fn fill_output(key: &str, k: usize, buffer: Buffer, out: &mut TpukOut) -> Result
     } else {
         held(|h| h.outputs += size);
     }
-    out.handle = Box::into_raw(Box::new(buffer)).cast();
+    out.handle = Box::into_raw(Box::new(Owner::Buffer(buffer))).cast();
     Ok(())
 }
 
@@ -693,6 +782,40 @@ extern "C" fn api_call(
     }));
     result.unwrap_or_else(|_| {
         set_message(format!("internal error: the tpu device's call of op #{op} panicked"));
+        ERROR
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+extern "C" fn api_record(
+    key: usize,
+    args: *const TpukArg,
+    nargs: usize,
+    into: *const TpukArg,
+    ninto: usize,
+    outs: *mut TpukOut,
+    nouts: usize,
+    info: *const crate::recorder::TpukOpInfo,
+    call: *mut c_void,
+) -> i32 {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let args = if nargs == 0 {
+            &[][..]
+        } else {
+            // SAFETY: the shim passes `nargs` initialised arguments alive for the call.
+            unsafe { std::slice::from_raw_parts(args, nargs) }
+        };
+        let outs = if nouts == 0 {
+            &mut [][..]
+        } else {
+            // SAFETY: the shim passes `nouts` writable outputs.
+            unsafe { std::slice::from_raw_parts_mut(outs, nouts) }
+        };
+        let into = args_of(into, ninto);
+        crate::recorder::api_record(key, args, into, outs, info, call)
+    }));
+    result.unwrap_or_else(|_| {
+        set_message("internal error: the tpu device's recorder panicked".to_owned());
         ERROR
     })
 }
@@ -757,6 +880,8 @@ fn decline(key: &str, category: &'static str, message: String) -> i32 {
 const MODE_STRICT: i32 = 0;
 const MODE_DEBUG: i32 = 1;
 const MODE_FUSED: i32 = 2;
+/// Fused mode with the native recorder (`crate::recorder`).
+const MODE_RECORD: i32 = 3;
 
 static MODE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(MODE_STRICT);
 
@@ -1087,21 +1212,36 @@ pub(crate) fn device_plan(key: &str, plan: &Bound<'_, PyAny>) -> PyResult<u32> {
     Ok(id)
 }
 
-/// Sets the device's eager mode: "strict", "debug" or "fused".
+/// Sets the device's eager mode: "strict", "debug", "fused" (recorded in Python, above the
+/// device) or "fused_native" (recorded here, at the key). Leaving "fused_native" runs what was
+/// recorded first.
 #[pyfunction]
 pub(crate) fn device_set_mode(mode: &str) -> PyResult<()> {
     let m = match mode {
         "strict" => MODE_STRICT,
         "debug" => MODE_DEBUG,
         "fused" => MODE_FUSED,
+        "fused_native" => MODE_RECORD,
         other => {
             return Err(PyValueError::new_err(format!(
-                "mode must be 'strict', 'debug' or 'fused', not {other:?}"
+                "mode must be 'strict', 'debug', 'fused' or 'fused_native', not {other:?}"
             )));
         }
     };
+    if m != MODE_RECORD {
+        crate::recorder::materialise("mode change")
+            .map_err(pyo3::exceptions::PyRuntimeError::new_err)?;
+    }
     MODE.store(m, std::sync::atomic::Ordering::Relaxed);
     Ok(())
+}
+
+/// Runs what the native recorder holds (`torch.tpu.synchronize()` in its mode); `reason` is
+/// counted as the materialisation point.
+#[pyfunction]
+pub(crate) fn device_flush(py: Python<'_>, reason: &str) -> PyResult<()> {
+    py.detach(|| crate::recorder::materialise(reason))
+        .map_err(pyo3::exceptions::PyRuntimeError::new_err)
 }
 
 /// The outputs whose CPU dtype keeps the inputs' 16-bit type (see `CPU_KEEPS_INPUT_DTYPE`).
@@ -1185,6 +1325,29 @@ pub(crate) fn device_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     }
     d.set_item("fallbacks", fell)?;
     d.set_item("declined", declined)?;
+    let (st, entries, pending) = crate::recorder::stats();
+    let rec = PyDict::new(py);
+    rec.set_item("recorded", st.recorded)?;
+    rec.set_item("pending", pending)?;
+    rec.set_item("flushes", st.flushes)?;
+    rec.set_item("programs_run", st.programs_run)?;
+    rec.set_item("outputs_written", st.outputs_written)?;
+    rec.set_item("reasons", st.reasons.into_iter().collect::<HashMap<_, _>>())?;
+    rec.set_item("hits", st.hits)?;
+    rec.set_item("misses", st.misses)?;
+    rec.set_item("entries", entries)?;
+    rec.set_item("signatures", st.signatures)?;
+    rec.set_item("meta_runs", st.meta_runs)?;
+    rec.set_item("declined", st.declined.into_iter().collect::<HashMap<_, _>>())?;
+    rec.set_item("evictions", st.evictions)?;
+    rec.set_item("last_eviction", st.last_eviction)?;
+    rec.set_item("replays", st.replays)?;
+    rec.set_item("replayed_calls", st.replayed_calls)?;
+    rec.set_item("record_time_s", st.record_nanos as f64 / 1e9)?;
+    rec.set_item("flush_time_s", st.flush_nanos as f64 / 1e9)?;
+    rec.set_item("run_time_s", st.run_nanos as f64 / 1e9)?;
+    rec.set_item("compile_time_s", st.compile_nanos as f64 / 1e9)?;
+    d.set_item("recorder", rec)?;
     Ok(d)
 }
 
@@ -1215,6 +1378,7 @@ pub(crate) fn register(m: &pyo3::Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_stats, m)?)?;
     m.add_function(wrap_pyfunction!(device_tpu_probe, m)?)?;
     m.add_function(wrap_pyfunction!(device_set_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(device_flush, m)?)?;
     m.add_function(wrap_pyfunction!(device_cpu_keeps_input_dtype, m)?)?;
     m.add_function(wrap_pyfunction!(device_empty_cache, m)?)?;
     m.add_function(wrap_pyfunction!(device_reset_peaks, m)?)?;

@@ -16,6 +16,7 @@ mod dispatch;
 mod errors;
 mod intern;
 mod library_api;
+mod recorder;
 mod registry_api;
 mod runtime;
 mod sharded;

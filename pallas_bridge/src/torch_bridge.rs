@@ -37,8 +37,8 @@ use tpu_kernels_registry::pjrt::{
 };
 use tpu_kernels_registry::tuning::{self, Tuner};
 use tpu_kernels_registry::{
-    CallMeta, DispatchError, Dispatcher, HostTensor, Index, LendError, Registry, execute_lending,
-    fault, normalize_op, with_pooled_outputs,
+    CallMeta, DispatchError, Dispatcher, HostTensor, Index, LendError, LentRun, Registry,
+    execute_lending, fault, normalize_op, with_pooled_outputs,
 };
 
 /// Counters of the graph path.
@@ -195,6 +195,10 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported
     // The "tpu" device's tensors export as DLPack's extension device; on the embedded default
     // their memory is host memory from the device's allocator, which the client reads in place.
     let on_tpu = device.device_type == DLDeviceType::EXTDEV && crate::device::installed();
+    if on_tpu {
+        // A tensor the native recorder has not computed yet is computed before it is read.
+        crate::recorder::materialise("import")?;
+    }
     if device.device_type != DLDeviceType::CPU && !on_tpu {
         return Err(format!(
             "input {i} is on DLPack device type {} (only CPU and tpu-device memory feed the PJRT CPU client)",
@@ -239,7 +243,7 @@ pub(crate) fn import_tensor(obj: &Bound<'_, PyAny>, i: usize) -> Result<Imported
 }
 
 /// Row-major element strides of `dims`.
-fn compact_strides(dims: &[i64]) -> Vec<i64> {
+pub(crate) fn compact_strides(dims: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; dims.len()];
     for k in (0..dims.len().saturating_sub(1)).rev() {
         strides[k] = strides[k + 1] * dims[k + 1].max(1);
@@ -602,7 +606,7 @@ impl BoundaryLayout {
 /// One ATen graph compiled to one StableHLO program.
 #[pyclass(name = "GraphProgram", frozen, module = "tpu_kernels._native.torch_bridge")]
 #[derive(Debug)]
-struct GraphProgram {
+pub(crate) struct GraphProgram {
     inner: Arc<ProgramInner>,
 }
 
@@ -672,6 +676,91 @@ impl GraphProgram {
                     }
                 }
             }
+        }
+    }
+}
+
+impl GraphProgram {
+    /// Runs the program on `host` (its inputs, read in place where PJRT can) with each
+    /// `(input, output)` of `loans` lent: that output is written into the input's memory (its
+    /// entry in the result is then `None`); pooled outputs get blocks of the caching allocator.
+    /// Counts pooled outputs and tells the tuner how the run went. The error names the program.
+    ///
+    /// # Safety
+    /// For each loan, `host[input].data` is memory the caller may write: valid for the call and
+    /// read or written by no one else during it (other inputs excepted).
+    pub(crate) unsafe fn run_lent(
+        &self,
+        rt: &Runtime,
+        host: &[HostTensor<'_>],
+        loans: &[(usize, usize)],
+    ) -> Result<LentRun, String> {
+        let p = &self.inner;
+        if let Some(m) = fault::program_run(&p.name, &p.kernels) {
+            return Err(format!("graph `{}`: execute failed: {m}", p.name));
+        }
+        let pooled: Vec<(usize, &TensorType)> = p.pooled.iter().map(|(k, t)| (*k, t)).collect();
+        let (variant, executable, timed) = self.choose();
+        let ran = Instant::now();
+        // SAFETY: the caller's contract for the loans; pooled outputs' blocks come from the
+        // allocator and belong to the outputs.
+        let run = unsafe {
+            execute_lending(rt.dispatcher.client(), &rt.views, executable, host, loans, &pooled)
+        };
+        match &run {
+            Ok(_) => self.tuned_run(rt, variant, timed, Ok(ran.elapsed().as_secs_f64())),
+            Err(LendError::Run(_)) => self.tuned_run(rt, variant, timed, Err(())),
+            // Refused before anything ran: says nothing of the variant.
+            Err(LendError::Input(_)) => {}
+        }
+        let run = run.map_err(|e| {
+            let m = match e {
+                LendError::Input(m) | LendError::Run(m) => m,
+            };
+            format!("graph `{}`: execute failed: {m}", p.name)
+        })?;
+        if let Ok(mut s) = rt.graph_stats.lock() {
+            s.outputs_pooled += run.pooled;
+            s.outputs_pool_missed += run.pool_missed;
+        }
+        Ok(run)
+    }
+
+    /// Counts a run of a program a Rust caller made (the device's recorder).
+    pub(crate) fn count_native_run(
+        &self,
+        rt: &Runtime,
+        start: Instant,
+        in_place: u64,
+        by_copy: u64,
+    ) {
+        self.count_run(rt, start, 0, in_place, by_copy);
+    }
+}
+
+/// Lowers and compiles a graph (the registry's JSON) for a Rust caller (the device's
+/// recorder), counted as `compile_graph` counts, without its memo (the caller keeps what it
+/// compiled). `donations` as for `compile_graph`.
+pub(crate) fn compile_graph_native(
+    rt: &Runtime,
+    json: &str,
+    donations: &[(usize, usize)],
+) -> Result<GraphProgram, GraphFailure> {
+    match compile_inner(rt, json, &[], donations) {
+        Ok(p) => {
+            if let Ok(mut s) = rt.graph_stats.lock() {
+                s.compiled += 1;
+                for k in &p.kernels {
+                    *s.kernels.entry(k.clone()).or_default() += 1;
+                }
+            }
+            Ok(GraphProgram { inner: p })
+        }
+        Err(e) => {
+            if let Ok(mut s) = rt.graph_stats.lock() {
+                s.lower_errors += 1;
+            }
+            Err(e)
         }
     }
 }
@@ -783,47 +872,17 @@ impl GraphProgram {
             .filter(|&(i, _)| matches!(data.get(i), Some(Cow::Borrowed(_))))
             .collect();
         if !loans.is_empty() || !p.pooled.is_empty() {
-            if let Some(m) = fault::program_run(&p.name, &p.kernels) {
-                return Err(PyRuntimeError::new_err(format!(
-                    "graph `{}`: execute failed: {m}",
-                    p.name
-                )));
-            }
             let host: Vec<HostTensor<'_>> = data
                 .iter()
                 .zip(&p.inputs)
                 .map(|(bytes, ty)| HostTensor { ty, data: bytes, contiguous: true })
                 .collect();
-            let pooled: Vec<(usize, &TensorType)> = p.pooled.iter().map(|(k, t)| (*k, t)).collect();
-            let (variant, executable, timed) = self.choose();
-            let ran = Instant::now();
             // SAFETY: each loaned input is a graph input that an in-place op updates and
             // nothing else in the graph reads (`_donations` in the backend), read here in
             // place: its tensor's own memory, which the caller hands over to be written, as
-            // AOT autograd writes a mutated input after the graph runs. Pooled outputs' blocks
-            // come from the allocator and belong to the outputs.
-            let run = unsafe {
-                execute_lending(
-                    rt.dispatcher.client(),
-                    &rt.views,
-                    executable,
-                    &host,
-                    &loans,
-                    &pooled,
-                )
-            };
-            match &run {
-                Ok(_) => self.tuned_run(rt, variant, timed, Ok(ran.elapsed().as_secs_f64())),
-                Err(LendError::Run(_)) => self.tuned_run(rt, variant, timed, Err(())),
-                // Refused before anything ran: says nothing of the variant.
-                Err(LendError::Input(_)) => {}
-            }
-            let run = run.map_err(|e| {
-                let m = match e {
-                    LendError::Input(m) | LendError::Run(m) => m,
-                };
-                PyRuntimeError::new_err(format!("graph `{}`: execute failed: {m}", p.name))
-            })?;
+            // AOT autograd writes a mutated input after the graph runs.
+            let run =
+                unsafe { self.run_lent(rt, &host, &loans) }.map_err(PyRuntimeError::new_err)?;
             let api = tensors.iter().next().as_ref().and_then(exchange_api);
             let on_tpu = imported.iter().any(|t| t.on_tpu);
             let exported = PyList::empty(py);
@@ -838,10 +897,6 @@ impl GraphProgram {
                 }
             }
             self.count_run(rt, start, gathered, run.in_place, run.by_copy);
-            if let Ok(mut s) = rt.graph_stats.lock() {
-                s.outputs_pooled += run.pooled;
-                s.outputs_pool_missed += run.pool_missed;
-            }
             return Ok(exported);
         }
         let mut buffers = Vec::with_capacity(imported.len());

@@ -99,9 +99,10 @@ def _tpu_probe() -> str:
 # ----- modes -----
 
 MODES = ("strict", "debug", "fused")
+RECORDERS = ("python", "native")
 
 
-def set_mode(mode: str) -> None:
+def set_mode(mode: str, *, recorder: str | None = None) -> None:
     """Sets the device's eager mode (``TPUK_MODE`` sets it at import):
 
     - ``"strict"`` (the default): one op at a time; a call no kernel takes falls back, counted
@@ -110,30 +111,52 @@ def set_mode(mode: str) -> None:
       outputs are checked against the op's meta function (shapes, dtypes) and for NaN that
       finite inputs did not have, and a kernel's failure raises; the error names the op, the
       kernel and the user's line.
-    - ``"fused"``: today's fused mode (``tpu_kernels.substitute("fused")``) entered on the
-      calling thread: ops are recorded and run as one program at each materialisation point.
+    - ``"fused"``: ops are recorded and run as one program at each materialisation point.
+      ``recorder`` (default ``TPUK_FUSED_RECORDER``, else ``"python"``) says where:
+      ``"python"`` is ``tpu_kernels.substitute("fused")`` entered on the calling thread;
+      ``"native"`` records in Rust at the device's dispatch key, process-wide (the autograd
+      engine's thread included), with no Python per op. The native recorder takes calls whose
+      arguments are dense device tensors and statics and whose op lowers; any other call runs
+      what was recorded first, then runs as in strict mode (``report().device["recorder"]``
+      counts both). It is new: the Python recorder stays the default.
 
     ``with tpu_kernels.substitute(mode):`` keeps working, on CPU and device tensors alike."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
+    if recorder is None:
+        recorder = os.environ.get("TPUK_FUSED_RECORDER", "python") or "python"
+    if recorder not in RECORDERS:
+        raise ValueError(f"recorder must be one of {', '.join(map(repr, RECORDERS))}, not {recorder!r}")
+    native = mode == "fused" and recorder == "native"
     with _lock:
         fused = _state.get("fused_mode")
-        if fused is not None and mode != "fused":
+        if fused is not None and (mode != "fused" or native):
             _state["fused_mode"] = None
             fused.__exit__(None, None, None)
-        if mode == "fused" and fused is None:
+        if mode == "fused" and not native and fused is None:
             from .torch import substitute
 
             fm = substitute("fused")
             fm.__enter__()
             _state["fused_mode"] = fm
-        _native.device_set_mode(mode)
+        _native.device_set_mode("fused_native" if native else mode)
         _state["mode"] = mode
+        _state["recorder"] = recorder if mode == "fused" else None
 
 
 def get_mode() -> str:
     """The device's eager mode (see :func:`set_mode`)."""
     return _state.get("mode", "strict")
+
+
+def get_recorder() -> str | None:
+    """Where fused mode records ("python" or "native"); None outside fused mode."""
+    return _state.get("recorder")
+
+
+def flush(reason: str = "sync") -> None:
+    """Runs what the native recorder holds (nothing to do in any other mode)."""
+    _native.device_flush(reason)
 
 
 # ----- the device module (`torch.tpu`) -----
@@ -162,6 +185,7 @@ def _make_module() -> types.ModuleType:
         fused = _state.get("fused_mode")
         if fused is not None and fused.nodes:
             fused.flush("torch.tpu.synchronize")
+        _native.device_flush("torch.tpu.synchronize")
 
     def get_device_name(device=None) -> str:
         return f"tpu-kernels device on PJRT {platform()}"

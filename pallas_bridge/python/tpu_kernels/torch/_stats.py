@@ -347,6 +347,16 @@ def report() -> Report:
                 if seq > o.get("last_fallback_seq", 0):
                     o["last_fallback"] = message
                     o["last_fallback_seq"] = seq
+        rec = d["recorder"]
+        if rec["replays"]:
+            # Traces of the native recorder that ran on PyTorch's CPU kernels instead of their
+            # program: fallbacks of the fused mode, as the Python recorder's replays are.
+            o = ops.setdefault(
+                "tpu_fused_native", {"calls": 0, "substituted": 0, "fallbacks": {}, "last_fallback": None, "kernels": {}}
+            )
+            o["fallbacks"]["replay"] = o["fallbacks"].get("replay", 0) + rec["replays"]
+            o["calls"] += rec["replays"]
+            o["last_fallback"] = f"native fused trace replayed on PyTorch: {rec['last_eviction'][:300]}"
         device = dict(d, platform=dev.platform())
     from tpu_kernels import _openmp
 

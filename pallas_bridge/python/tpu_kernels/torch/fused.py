@@ -46,6 +46,7 @@ failure while recording is counted as `internal`.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from collections import OrderedDict, defaultdict, deque
@@ -1248,12 +1249,16 @@ class FusedMode(TorchDispatchMode):
 def sync() -> None:
     """Runs what the fused modes active on this thread have recorded (PyTorch/XLA's
     `mark_step`): the end of a training step, a point to time, or before reading results from
-    another thread. Nothing happens outside fused mode."""
+    another thread; and what the device's native recorder holds. Nothing happens outside fused
+    mode."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
     for mode in _get_current_dispatch_mode_stack():
         if isinstance(mode, FusedMode):
             mode.flush("sync")
+    dev = sys.modules.get("tpu_kernels.device")
+    if dev is not None and dev.is_installed():
+        dev.flush("sync")
 
 
 def _key_of(node) -> tuple:

@@ -1,0 +1,254 @@
+"""The "tpu" device's native fused recorder (`set_mode("fused", recorder="native")`): calls are
+recorded in Rust at the device's key and run as one program at each materialisation point.
+
+Each test checks that the recorder took the calls (its counters, and the device's fallback
+counters unchanged), not only the values: PyTorch's CPU kernels on the device would give the same
+numbers."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tpu_kernels.device as device  # noqa: E402
+from tpu_kernels import _native  # noqa: E402
+from tpu_kernels.testing import inject_fault, no_fallbacks  # noqa: E402
+from tpu_kernels.torch import report  # noqa: E402
+
+if not device.is_installed():
+    pytest.skip(f"the tpu device is not installed: {device.unavailable_reason()}", allow_module_level=True)
+
+F = torch.nn.functional
+
+
+@pytest.fixture
+def native():
+    """Fused mode with the native recorder for the test; strict afterwards."""
+    device.set_mode("fused", recorder="native")
+    yield
+    device.set_mode("strict")
+
+
+def _rec() -> dict:
+    return dict(_native.device_stats()["recorder"])
+
+
+def _fell_back() -> dict:
+    return dict(_native.device_stats()["fallbacks"])
+
+
+def _delta(before: dict, after: dict, *keys: str) -> dict:
+    return {k: after[k] - before[k] for k in keys}
+
+
+def _chain(x, w, n=10):
+    for i in range(n):
+        x = F.silu(x) if i % 2 == 0 else x * w
+    return x
+
+
+def test_a_chain_runs_as_one_program_writing_only_what_is_held(native):
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    ref = _chain(x, w)
+    xt, wt = x.to("tpu"), w.to("tpu")
+    before, fell = _rec(), _fell_back()
+    with no_fallbacks(programs=1, kernels=["silu"]):
+        y = _chain(xt, wt)
+        assert _rec()["pending"] == 10
+        torch.tpu.synchronize()
+    d = _delta(before, _rec(), "recorded", "programs_run", "outputs_written", "flushes")
+    # Ten calls, one program, and only the result written: the nine intermediates nobody holds
+    # never reach memory.
+    assert d == {"recorded": 10, "programs_run": 1, "outputs_written": 1, "flushes": 1}, d
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    torch.testing.assert_close(y.cpu(), ref)
+
+
+def test_a_repeated_step_is_a_trace_cache_hit_and_compiles_nothing(native):
+    x, w = torch.randn(8, 32).to("tpu"), torch.randn(8, 32).to("tpu")
+    y = _chain(x, w, 6)
+    torch.tpu.synchronize()
+    before, compiled = _rec(), report().graphs["compiled"]
+    for _ in range(3):
+        y = _chain(x, w, 6)
+        torch.tpu.synchronize()
+    d = _delta(before, _rec(), "hits", "misses", "meta_runs", "signatures")
+    assert d == {"hits": 3, "misses": 0, "meta_runs": 0, "signatures": 0}, d
+    assert report().graphs["compiled"] == compiled
+    # A different trace (another batch size) is an entry of its own.
+    y2 = _chain(torch.randn(4, 32).to("tpu"), torch.randn(4, 32).to("tpu"), 6)
+    torch.tpu.synchronize()
+    assert _rec()["misses"] == before["misses"] + 1
+    assert y.shape == (8, 32) and y2.shape == (4, 32)
+
+
+def test_floats_that_change_every_step_are_program_inputs(native):
+    """An optimizer's bias correction changes every step: those floats are lifted into program
+    inputs, so the steps share one program."""
+    x = torch.randn(64)
+    xt = x.to("tpu")
+    outs = []
+    y = xt * 0.5 + 1.25
+    torch.tpu.synchronize()
+    before = _rec()
+    for step in range(1, 5):
+        scale = 1.0 / (1.0 - 0.9**step)
+        outs.append((xt * scale).add(xt, alpha=-scale / 3))
+        torch.tpu.synchronize()
+    d = _delta(before, _rec(), "hits", "misses")
+    assert d["misses"] <= 1 and d["hits"] >= 3, d
+    device.set_mode("strict")
+    for step, o in enumerate(outs, start=1):
+        scale = 1.0 / (1.0 - 0.9**step)
+        torch.testing.assert_close(o.cpu(), (x * scale).add(x, alpha=-scale / 3))
+    torch.testing.assert_close(y.cpu(), x * 0.5 + 1.25)
+
+
+def test_in_place_and_out_calls_are_recorded_into_their_tensors(native):
+    x, w = torch.randn(6, 6), torch.randn(6, 6)
+    xt, wt = x.to("tpu"), w.to("tpu")
+    fell = _fell_back()
+    before = _rec()
+    a = xt * 1.0
+    view = a.view(36)
+    a.add_(1.0).mul_(wt)
+    out = torch.empty(6, 6, device="tpu")
+    torch.mul(a, 2.0, out=out)
+    wt.sub_(0.5)  # an input updated in place after a call read it
+    assert _rec()["pending"] > 0
+    torch.tpu.synchronize()
+    assert _delta(before, _rec(), "programs_run")["programs_run"] == 1
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    ra = (x * 1.0 + 1.0) * w
+    torch.testing.assert_close(a.cpu(), ra)
+    torch.testing.assert_close(view.cpu(), ra.view(36))
+    torch.testing.assert_close(out.cpu(), ra * 2.0)
+    torch.testing.assert_close(wt.cpu(), w - 0.5)
+
+
+def test_views_of_pending_values_stay_in_the_trace(native):
+    """Transposes, slices, broadcasts of recorded values and writes into a slice of one are
+    graph nodes: one program."""
+    x = torch.randn(4, 8, 16)
+    xt = x.to("tpu")
+
+    def f(x):
+        y = x * 2.0
+        a = y.transpose(1, 2) * 3.0  # a permuted view
+        half = y[..., :8] - y[..., 8:]  # slices
+        b = y.sum(-1, keepdim=True)
+        c = y / b.expand(4, 8, 16)  # a broadcast view
+        z = torch.zeros(4, 8, 16, device=x.device)
+        z[..., 4:12] = half  # a write into a slice of a pending value
+        return a.contiguous(), half, c, z
+
+    ref = f(x)
+    before, fell = _rec(), _fell_back()
+    got = f(xt)
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g.cpu(), r)
+
+
+def test_materialisation_points_run_the_trace_first(native):
+    x = torch.randn(5, 5)
+    xt = x.to("tpu")
+    reasons = dict(_rec()["reasons"])
+    y = torch.exp(xt) + 1.0
+    assert y.sum().item() == pytest.approx((torch.exp(x) + 1.0).sum().item(), rel=1e-5)  # `.item()`
+    z = torch.exp(xt) * 2.0
+    torch.testing.assert_close(z.cpu(), torch.exp(x) * 2.0)  # a copy to the host
+    w = torch.exp(xt) - 3.0
+    cat = torch.cat([w, w])  # a call the recorder declines (a tensor list) runs the trace first
+    after = _rec()["reasons"]
+    for reason in ("item", "copy"):
+        assert after.get(reason, 0) > reasons.get(reason, 0), (reason, after)
+    assert any(k.startswith("aten::cat") for k in after), after
+    device.set_mode("strict")
+    torch.testing.assert_close(cat.cpu(), torch.cat([torch.exp(x) - 3.0] * 2))
+
+
+def test_an_input_freed_before_the_flush_keeps_its_bytes(native):
+    x = torch.randn(256, 256)
+    xt = x.to("tpu")
+    y = F.silu(xt) * 2.0
+    del xt
+    gc.collect()
+    # Memory allocated now must not be the freed input's block.
+    others = [torch.full((256, 256), 7.0, device="tpu") for _ in range(4)]
+    torch.tpu.synchronize()
+    device.set_mode("strict")
+    torch.testing.assert_close(y.cpu(), F.silu(x) * 2.0)
+    assert all(o.cpu().eq(7.0).all() for o in others)
+
+
+def test_a_program_that_fails_to_run_is_evicted_and_replayed_on_pytorch(native):
+    x = torch.randn(7, 7)
+    xt = x.to("tpu")
+    with inject_fault("run"):
+        before = _rec()
+        y = torch.exp(xt) * 3.0 + xt
+        torch.tpu.synchronize()
+        d = _delta(before, _rec(), "evictions", "replays", "programs_run")
+        assert d == {"evictions": 1, "replays": 1, "programs_run": 0}, d
+        assert "injected fault" in _rec()["last_eviction"]
+        compiled = report().graphs["compiled"]
+        # The same trace again: never compiled or run, replayed at once.
+        y2 = torch.exp(xt) * 3.0 + xt
+        torch.tpu.synchronize()
+        assert report().graphs["compiled"] == compiled
+        assert _rec()["replays"] == before["replays"] + 2
+    assert report().ops["tpu_fused_native"]["fallbacks"]["replay"] >= 2
+    device.set_mode("strict")
+    torch.testing.assert_close(y.cpu(), torch.exp(x) * 3.0 + x)
+    torch.testing.assert_close(y2.cpu(), torch.exp(x) * 3.0 + x)
+
+
+def test_a_call_the_recorder_declines_says_why(native):
+    xt = torch.randn(3, 4).to("tpu")
+    torch.nonzero(xt > 0)  # data-dependent output shape: no meta types to record by
+    declined = _rec()["declined"]
+    assert any("nonzero" in op or op == "?" for op in declined), declined
+
+
+def test_set_mode_rejects_an_unknown_recorder():
+    with pytest.raises(ValueError, match="recorder must be one of 'python', 'native', not 'rust'"):
+        device.set_mode("fused", recorder="rust")
+    assert device.get_mode() == "strict"
+
+
+def test_a_zoo_model_trains_a_step_with_the_native_recorder(monkeypatch):
+    """Forward, backward (on the autograd engine's device thread) and AdamW of a Llama-style
+    model, recorded natively: loss, gradients and updated parameters match eager, and the
+    recorder ran the step in a few programs."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    import zoo
+
+    monkeypatch.setenv("TPUK_FUSED_RECORDER", "native")
+    spec = zoo.SPECS["llama"]
+    ref = zoo.train_step(spec, "eager")
+    before, fell = _rec(), _fell_back()
+    got = zoo.train_step(spec, "tpu-fused")
+    d = _delta(before, _rec(), "recorded", "programs_run", "flushes", "replays")
+    assert d["recorded"] >= 300 and d["replays"] == 0, d
+    assert 1 <= d["programs_run"] <= 20 and d["flushes"] <= 20, (d, _rec()["reasons"])
+    fell_after = _fell_back()
+    fallback_calls = sum(fell_after.values()) - sum(fell.values())
+    assert fallback_calls <= 40, {k: v - fell.get(k, 0) for k, v in fell_after.items() if v != fell.get(k, 0)}
+    tol = dict(rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.loss, ref.loss, **tol)
+    for name, g in ref.grads.items():
+        torch.testing.assert_close(got.grads[name], g, **tol, msg=lambda m, n=name: f"grad {n}: {m}")
+    for name, p in ref.params.items():
+        torch.testing.assert_close(got.params[name], p, **tol, msg=lambda m, n=name: f"param {n}: {m}")
