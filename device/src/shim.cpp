@@ -703,11 +703,11 @@ void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                       torch::jit::Stack* stack) {
   check_installed();
   serial_on_engine_thread();
-  std::string full = op_key(op);
   if (g_api->mode() == TPUK_MODE_RECORD) {
     if (try_record(op, stack)) return;
-    materialise(full);
+    materialise(op_key(op));
   }
+  std::string full = op_key(op);
   g_api->fell_back(reinterpret_cast<uintptr_t>(&op.schema()), full.data(), full.size());
   if (g_api->mode() != TPUK_MODE_DEBUG) {
     alias_fallback(op, stack);
@@ -906,19 +906,41 @@ int32_t replay_call(void* k, const TpukArg* tensors, size_t ntensors, const Tpuk
 
 const TpukRecordHooks kRecordHooks = {&keep_call, &replay_call, &drop_call};
 
-// Whether the recorder may be handed calls of `op`: one that writes an argument, returns a view
-// or anything but tensors, or draws random numbers runs as strict mode runs it.
-bool recordable(const c10::FunctionSchema& schema) {
-  if (schema.is_mutable()) return false;
+// What the recorder needs of a schema, worked out once per thread and op.
+struct SchemaInfo {
+  // Whether the recorder may be handed its calls: one that writes an argument, returns a view
+  // or anything but tensors, or draws random numbers runs as strict mode runs it.
+  bool recordable = true;
+  // Per argument: the kind an int passed there has (TPUK_INT, or what the schema's type says:
+  // a dtype, a layout, a memory format).
+  std::vector<int32_t> int_kinds;
+};
+
+const SchemaInfo& schema_info(const c10::FunctionSchema& schema) {
+  thread_local std::unordered_map<const c10::FunctionSchema*, SchemaInfo> cache;
+  auto it = cache.find(&schema);
+  if (it != cache.end()) return it->second;
+  SchemaInfo info;
+  info.recordable = !schema.is_mutable();
   for (const auto& r : schema.returns()) {
-    if (r.alias_info() != nullptr || r.type()->kind() != c10::TypeKind::TensorType) return false;
+    if (r.alias_info() != nullptr || r.type()->kind() != c10::TypeKind::TensorType) {
+      info.recordable = false;
+    }
   }
   for (const auto& a : schema.arguments()) {
-    c10::TypePtr t = a.type();
+    c10::TypePtr t = a.real_type();
     if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
-    if (t->kind() == c10::TypeKind::GeneratorType) return false;
+    int32_t kind = TPUK_INT;
+    switch (t->kind()) {
+      case c10::TypeKind::GeneratorType: info.recordable = false; break;
+      case c10::TypeKind::ScalarTypeType: kind = TPUK_DTYPE; break;
+      case c10::TypeKind::LayoutType: kind = TPUK_LAYOUT; break;
+      case c10::TypeKind::MemoryFormatType: kind = TPUK_MEMORY_FORMAT; break;
+      default: break;
+    }
+    info.int_kinds.push_back(kind);
   }
-  return true;
+  return cache.emplace(&schema, std::move(info)).first->second;
 }
 
 // What an in-place (`add_`) or out= (`add.out`) op computes: its functional overload
@@ -1018,7 +1040,8 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, size_t first,
                  size_t nargs, std::vector<at::Tensor> written) {
   const auto& schema = target->schema();
-  if (!recordable(schema)) return false;
+  const SchemaInfo& info = schema_info(schema);
+  if (!info.recordable) return false;
   const size_t ntarget = schema.arguments().size();
   const size_t nret = schema.returns().size();
   Scratch scratch;
@@ -1028,16 +1051,8 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
     const c10::IValue& v = (*stack)[first + i];
     if (v.isDevice()) {
       args[i].kind = TPUK_DEVICE;
-      continue;
-    }
-    if (!v.isInt()) continue;
-    c10::TypePtr t = schema.arguments()[i].real_type();
-    if (auto o = t->cast<c10::OptionalType>()) t = o->getElementType();
-    switch (t->kind()) {
-      case c10::TypeKind::ScalarTypeType: args[i].kind = TPUK_DTYPE; break;
-      case c10::TypeKind::LayoutType: args[i].kind = TPUK_LAYOUT; break;
-      case c10::TypeKind::MemoryFormatType: args[i].kind = TPUK_MEMORY_FORMAT; break;
-      default: break;
+    } else if (v.isInt()) {
+      args[i].kind = info.int_kinds[i];
     }
   }
   std::vector<TpukArg> into;
@@ -1055,10 +1070,10 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
     std::string name = op_key(*target);
     std::string names;
     for (const auto& a : schema.arguments()) names += a.name() + "\n";
-    TpukOpInfo info{name.data(), name.size(), names.data(), names.size(), flat.data(),
-                    has ? static_cast<ptrdiff_t>(flat.size()) : -1};
+    TpukOpInfo op_info{name.data(), name.size(), names.data(), names.size(), flat.data(),
+                       has ? static_cast<ptrdiff_t>(flat.size()) : -1};
     r = g_api->record(key, args.data(), ntarget, into.data(), into.size(), outs.data(),
-                      outs.size(), &info, &call);
+                      outs.size(), &op_info, &call);
   }
   TORCH_CHECK(r != TPUK_ERROR, last_message());
   if (r != TPUK_RAN) return false;

@@ -32,6 +32,8 @@
 //! its own thread.
 
 use std::collections::{BTreeMap, HashMap};
+
+use rustc_hash::FxHashMap;
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -96,16 +98,16 @@ pub struct TpukRecordHooks {
     drop: extern "C" fn(*mut c_void),
 }
 
-static HOOKS: Mutex<Option<TpukRecordHooks>> = Mutex::new(None);
+/// The shim's hooks table (static in the shim), once connected.
+static HOOKS: std::sync::atomic::AtomicPtr<TpukRecordHooks> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
 pub(crate) extern "C" fn api_connect(hooks: *const TpukRecordHooks) {
-    // SAFETY: the shim passes its static hooks table.
-    let hooks = (!hooks.is_null()).then(|| unsafe { *hooks });
-    *HOOKS.lock().unwrap_or_else(PoisonError::into_inner) = hooks;
+    HOOKS.store(hooks.cast_mut(), Ordering::Release);
 }
 
 fn hooks() -> Option<TpukRecordHooks> {
-    *HOOKS.lock().unwrap_or_else(PoisonError::into_inner)
+    // SAFETY: null, or the shim's static table, valid for the process's life.
+    unsafe { HOOKS.load(Ordering::Acquire).as_ref() }.copied()
 }
 
 /// Whether a trace is pending: frees wait for the flush while it is.
@@ -274,7 +276,7 @@ pub(crate) struct Stats {
 #[derive(Default)]
 struct Recorder {
     ops: HashMap<usize, Arc<OpInfo>>,
-    sigs: HashMap<Vec<i64>, Arc<Verdict>>,
+    sigs: FxHashMap<Vec<i64>, Arc<Verdict>>,
     // The pending trace.
     nodes: Vec<RecNode>,
     values: Vec<Value>,
@@ -284,12 +286,12 @@ struct Recorder {
     /// Placeholder blocks of the pending trace: start -> (end, value).
     blocks: BTreeMap<usize, (usize, usize)>,
     /// Reshapes and permutes already recorded: (what, kind, params) -> value.
-    derivations: HashMap<(i64, Derive, Vec<i64>), usize>,
+    derivations: FxHashMap<(i64, Derive, Vec<i64>), usize>,
     key: Vec<i64>,
     deferred: Vec<Deferred>,
     // The trace cache.
-    traces: HashMap<Vec<i64>, (Arc<Entry>, u64)>,
-    evicted: HashMap<Vec<i64>, String>,
+    traces: FxHashMap<Vec<i64>, (Arc<Entry>, u64)>,
+    evicted: FxHashMap<Vec<i64>, String>,
     tick: u64,
     stats: Stats,
 }

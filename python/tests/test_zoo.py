@@ -67,7 +67,9 @@ def _compare(got: zoo.Step, ref: zoo.Step, what: str) -> None:
         assert worst <= 2 * LR + 1e-6, f"{what}: {k} after the step: off by {worst:.3g}, more than 2 lr"
 
 
-@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-compile"])
+@pytest.mark.parametrize(
+    "path", ["strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-fused-native", "tpu-compile"]
+)
 @pytest.mark.parametrize("name", list(zoo.SPECS))
 def test_zoo_model_trains_a_step(references, name, path):
     if (name, path) in NOT_YET:
@@ -88,11 +90,24 @@ def test_zoo_model_trains_a_step(references, name, path):
         if name not in NO_EAGER_KERNELS:
             assert ran.kernels, f"{name} compiled: no kernel ran in its programs"
     else:
+        recorder = _recorder_counts() if path == "tpu-fused-native" else None
         with no_fallbacks(ops=[]) as ran:
             got = zoo.train_step(spec, path)
+        if recorder is not None:
+            # The native recorder took the step's calls and ran them as its programs.
+            after = _recorder_counts()
+            assert after["recorded"] - recorder["recorded"] >= 50, (name, after)
+            assert after["programs_run"] > recorder["programs_run"], (name, after)
+            assert after["replays"] == recorder["replays"], (name, after["last_eviction"])
         if name not in NO_EAGER_KERNELS:
             assert ran.kernels, f"{name} in {path}: no kernel ran"
     _compare(got, ref, f"{name} in {path}")
+
+
+def _recorder_counts() -> dict:
+    from tpu_kernels import _native
+
+    return dict(_native.device_stats()["recorder"])
 
 
 # bf16 autocast, the TPU's native precision, checked on whole models. Both sides round to bf16

@@ -23,8 +23,14 @@ import torch.nn.functional as F
 
 # On CPU tensors: plain eager, the three `substitute` modes, torch.compile. On the "tpu" device
 # (`model.to("tpu")`): its strict, debug and fused modes, and torch.compile of the device model.
-PATHS = ("eager", "strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-compile")
-DEVICE_PATHS = {"tpu": "strict", "tpu-debug": "debug", "tpu-fused": "fused", "tpu-compile": "strict"}
+PATHS = (
+    "eager", "strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-fused-native", "tpu-compile"
+)
+DEVICE_PATHS = {
+    "tpu": "strict", "tpu-debug": "debug", "tpu-fused": "fused", "tpu-fused-native": "fused", "tpu-compile": "strict"
+}
+# Device paths in fused mode with a recorder other than the default (the Python one).
+RECORDERS = {"tpu-fused-native": "native"}
 VOCAB = 128
 LR = 1e-3  # AdamW's learning rate
 SEQ = 16
@@ -285,7 +291,7 @@ def train_step(spec: Spec, path: str, seed: int = 0, autocast: torch.dtype | Non
         else contextlib.nullcontext()
     )
     if on_device:
-        device.set_mode(DEVICE_PATHS[path])
+        device.set_mode(DEVICE_PATHS[path], **({"recorder": RECORDERS[path]} if path in RECORDERS else {}))
     try:
         with _context(path):
             with cast:
