@@ -741,6 +741,14 @@ at::Tensor tpu_convolution(const at::Tensor& input, const at::Tensor& weight,
                            c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
                            c10::IntArrayRef output_padding, int64_t groups) {
   static const char kName[] = "aten::convolution_overrideable.default";
+  if (g_api->mode() == TPUK_MODE_RECORD) {
+    // Recorded as the op it computes, which the graph lowering takes.
+    static const c10::OperatorHandle conv =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+    torch::jit::Stack stack{input,        weight,      bias, stride.vec(), padding.vec(),
+                            dilation.vec(), transposed, output_padding.vec(), groups};
+    if (record_call(&conv, &stack, 0, 9, {})) return stack[0].toTensor();
+  }
   count_fallback(kName);
   return tpu_of(at::convolution(cpu_alias(input), cpu_alias(weight), cpu_alias_opt(bias), stride,
                                 padding, dilation, transposed, output_padding, groups));
@@ -751,8 +759,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_convolution_backward(
     c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed,
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   static const char kName[] = "aten::convolution_backward_overrideable.default";
-  count_fallback(kName);
   std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
+  if (g_api->mode() == TPUK_MODE_RECORD) {
+    static const c10::OperatorHandle conv_backward =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
+    torch::jit::Stack stack{grad_output,
+                            input,
+                            weight,
+                            output_mask[2] ? c10::IValue(bias_sizes) : c10::IValue(),
+                            stride.vec(),
+                            padding.vec(),
+                            dilation.vec(),
+                            transposed,
+                            output_padding.vec(),
+                            groups,
+                            std::vector<bool>(output_mask.begin(), output_mask.end())};
+    if (record_call(&conv_backward, &stack, 0, 11, {})) {
+      return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
+    }
+  }
+  count_fallback(kName);
   auto [gi, gw, gb] = at::convolution_backward(
       cpu_alias(grad_output), cpu_alias(input), cpu_alias(weight),
       output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,

@@ -99,7 +99,8 @@ pub struct TpukRecordHooks {
 }
 
 /// The shim's hooks table (static in the shim), once connected.
-static HOOKS: std::sync::atomic::AtomicPtr<TpukRecordHooks> = std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
+static HOOKS: std::sync::atomic::AtomicPtr<TpukRecordHooks> =
+    std::sync::atomic::AtomicPtr::new(std::ptr::null_mut());
 
 pub(crate) extern "C" fn api_connect(hooks: *const TpukRecordHooks) {
     HOOKS.store(hooks.cast_mut(), Ordering::Release);
