@@ -765,21 +765,8 @@ extern "C" fn api_call(
     outs: *mut TpukOut,
     nouts: usize,
 ) -> i32 {
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        let args = if nargs == 0 {
-            &[][..]
-        } else {
-            // SAFETY: the shim passes `nargs` initialised arguments alive for the call.
-            unsafe { std::slice::from_raw_parts(args, nargs) }
-        };
-        let outs = if nouts == 0 {
-            &mut [][..]
-        } else {
-            // SAFETY: the shim passes `nouts` writable outputs.
-            unsafe { std::slice::from_raw_parts_mut(outs, nouts) }
-        };
-        call(op, args, outs)
-    }));
+    let result =
+        catch_unwind(AssertUnwindSafe(|| call(op, args_of(args, nargs), outs_of(outs, nouts))));
     result.unwrap_or_else(|_| {
         set_message(format!("internal error: the tpu device's call of op #{op} panicked"));
         ERROR
@@ -799,20 +786,15 @@ extern "C" fn api_record(
     call: *mut c_void,
 ) -> i32 {
     let result = catch_unwind(AssertUnwindSafe(|| {
-        let args = if nargs == 0 {
-            &[][..]
-        } else {
-            // SAFETY: the shim passes `nargs` initialised arguments alive for the call.
-            unsafe { std::slice::from_raw_parts(args, nargs) }
-        };
-        let outs = if nouts == 0 {
-            &mut [][..]
-        } else {
-            // SAFETY: the shim passes `nouts` writable outputs.
-            unsafe { std::slice::from_raw_parts_mut(outs, nouts) }
-        };
-        let into = args_of(into, ninto);
-        crate::recorder::api_record(key, args, into, outs, info, call)
+        let outs = outs_of(outs, nouts);
+        crate::recorder::api_record(
+            key,
+            args_of(args, nargs),
+            args_of(into, ninto),
+            outs,
+            info,
+            call,
+        )
     }));
     result.unwrap_or_else(|_| {
         set_message("internal error: the tpu device's recorder panicked".to_owned());
@@ -947,6 +929,16 @@ fn non_finite(a: &TpukArg) -> (u64, u64) {
         }
     }
     (nan, inf)
+}
+
+/// The shim's `n` writable outputs at `ptr`.
+fn outs_of<'a>(ptr: *mut TpukOut, n: usize) -> &'a mut [TpukOut] {
+    if n == 0 || ptr.is_null() {
+        &mut []
+    } else {
+        // SAFETY: the shim passes `n` writable outputs alive for the call.
+        unsafe { std::slice::from_raw_parts_mut(ptr, n) }
+    }
 }
 
 fn args_of<'a>(ptr: *const TpukArg, n: usize) -> &'a [TpukArg] {

@@ -913,36 +913,12 @@ impl Recorder {
         if let Some(&r) = self.derivations.get(&(code, kind, params.clone())) {
             return r;
         }
-        static VIEW: std::sync::LazyLock<Arc<OpInfo>> = std::sync::LazyLock::new(|| {
-            Arc::new(OpInfo {
-                name: "aten::view.default".to_owned(),
-                arg_names: vec!["self".to_owned(), "size".to_owned()],
-            })
+        let op = builtin(match kind {
+            Derive::View => 0,
+            Derive::Permute => 1,
+            Derive::Slice => 2,
+            Derive::Expand => 3,
         });
-        static PERMUTE: std::sync::LazyLock<Arc<OpInfo>> = std::sync::LazyLock::new(|| {
-            Arc::new(OpInfo {
-                name: "aten::permute.default".to_owned(),
-                arg_names: vec!["self".to_owned(), "dims".to_owned()],
-            })
-        });
-        static SLICE: std::sync::LazyLock<Arc<OpInfo>> = std::sync::LazyLock::new(|| {
-            Arc::new(OpInfo {
-                name: "aten::slice.Tensor".to_owned(),
-                arg_names: ["self", "dim", "start", "end", "step"].map(str::to_owned).to_vec(),
-            })
-        });
-        static EXPAND: std::sync::LazyLock<Arc<OpInfo>> = std::sync::LazyLock::new(|| {
-            Arc::new(OpInfo {
-                name: "aten::expand.default".to_owned(),
-                arg_names: ["self", "size", "implicit"].map(str::to_owned).to_vec(),
-            })
-        });
-        let op = match kind {
-            Derive::View => VIEW.clone(),
-            Derive::Permute => PERMUTE.clone(),
-            Derive::Slice => SLICE.clone(),
-            Derive::Expand => EXPAND.clone(),
-        };
         let node = self.nodes.len();
         let r = self.values.len();
         let home = match of {
@@ -1141,7 +1117,47 @@ fn scatter_plan(n: i64, offset: i64, sizes: &[i64], strides: &[i64]) -> Option<S
     Some(ScatterPlan { reshape, piece, dim, begin, end })
 }
 
+/// The builtin ops derived nodes use: view, permute, slice, expand, slice_scatter.
+fn builtin(k: usize) -> Arc<OpInfo> {
+    static OPS: std::sync::LazyLock<Vec<Arc<OpInfo>>> = std::sync::LazyLock::new(|| {
+        [
+            ("aten::view.default", &["self", "size"][..]),
+            ("aten::permute.default", &["self", "dims"]),
+            ("aten::slice.Tensor", &["self", "dim", "start", "end", "step"]),
+            ("aten::expand.default", &["self", "size", "implicit"]),
+            ("aten::slice_scatter.default", &["self", "src", "dim", "start", "end", "step"]),
+        ]
+        .iter()
+        .map(|(name, args)| {
+            Arc::new(OpInfo {
+                name: (*name).to_owned(),
+                arg_names: args.iter().map(|a| (*a).to_owned()).collect(),
+            })
+        })
+        .collect()
+    });
+    OPS[k].clone()
+}
+
+/// A type's dims as torch's sizes.
+fn dims_i64(ty: &TensorType) -> Vec<i64> {
+    ty.shape.static_dims().unwrap_or_default().iter().map(|&x| x as i64).collect()
+}
+
 impl Recorder {
+    /// Value `v` as a tensor of `dims` (a view of it when its own dims differ).
+    fn as_dims(&mut self, v: usize, dims: &[i64]) -> Ref {
+        let ty = &self.values[v].ty;
+        if dims_i64(ty) == dims {
+            return Ref::Value(v);
+        }
+        let typed = TensorType::new(
+            ty.dtype,
+            Shape::of(&dims.iter().map(|&x| x as u64).collect::<Vec<_>>()),
+        );
+        Ref::Value(self.derived(Ref::Value(v), Derive::View, dims.to_vec(), typed))
+    }
+
     /// Records that value `v` was written into a slice of pending value `base` (its block at
     /// `start..end`): the block's new value is `base` with the slice replaced.
     fn scatter_into(&mut self, v: usize, base: usize, start: usize, end: usize, plan: ScatterPlan) {
@@ -1149,48 +1165,9 @@ impl Recorder {
         let typed = |d: &[i64]| {
             TensorType::new(dtype, Shape::of(&d.iter().map(|&x| x as u64).collect::<Vec<_>>()))
         };
-        let base_dims: Vec<i64> = self.values[base]
-            .ty
-            .shape
-            .static_dims()
-            .unwrap_or_default()
-            .iter()
-            .map(|&x| x as i64)
-            .collect();
-        let mut whole = Ref::Value(base);
-        if base_dims != plan.reshape {
-            whole = Ref::Value(self.derived(
-                whole,
-                Derive::View,
-                plan.reshape.clone(),
-                typed(&plan.reshape),
-            ));
-        }
-        let piece_dims: Vec<i64> = self.values[v]
-            .ty
-            .shape
-            .static_dims()
-            .unwrap_or_default()
-            .iter()
-            .map(|&x| x as i64)
-            .collect();
-        let mut piece = Ref::Value(v);
-        if piece_dims != plan.piece {
-            piece = Ref::Value(self.derived(
-                piece,
-                Derive::View,
-                plan.piece.clone(),
-                typed(&plan.piece),
-            ));
-        }
-        static SCATTER: std::sync::LazyLock<Arc<OpInfo>> = std::sync::LazyLock::new(|| {
-            Arc::new(OpInfo {
-                name: "aten::slice_scatter.default".to_owned(),
-                arg_names: ["self", "src", "dim", "start", "end", "step"]
-                    .map(str::to_owned)
-                    .to_vec(),
-            })
-        });
+        let base_dims = dims_i64(&self.values[base].ty);
+        let whole = self.as_dims(base, &plan.reshape);
+        let piece = self.as_dims(v, &plan.piece);
         let node = self.nodes.len();
         let scattered = self.values.len();
         self.values.push(Value {
@@ -1214,7 +1191,7 @@ impl Recorder {
             Some(ArgRef { graph: r, base: r, sizes: Vec::new(), strides: Vec::new(), offset: 0 })
         };
         self.nodes.push(RecNode {
-            op: SCATTER.clone(),
+            op: builtin(4),
             args: vec![
                 Arg::Tensor(TensorRef::new(String::new())),
                 Arg::Tensor(TensorRef::new(String::new())),
