@@ -379,6 +379,7 @@ std::string op_key(const c10::OperatorHandle& op) {
 struct Scratch {
   std::vector<std::vector<int64_t>> ints;
   std::vector<std::vector<uint8_t>> bools;
+  std::vector<std::vector<TpukArg>> lists;
 };
 
 TpukArg tensor_arg(const at::Tensor& t) {
@@ -761,21 +762,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_convolution_backward(
   static const char kName[] = "aten::convolution_backward_overrideable.default";
   std::vector<int64_t> bias_sizes{transposed ? weight.size(1) * groups : weight.size(0)};
   if (g_api->mode() == TPUK_MODE_RECORD) {
+    // Recorded with every output: the ones the mask leaves out are dropped at once, so no
+    // program computes them (XLA removes what no output reads).
     static const c10::OperatorHandle conv_backward =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
-    torch::jit::Stack stack{grad_output,
-                            input,
-                            weight,
-                            output_mask[2] ? c10::IValue(bias_sizes) : c10::IValue(),
-                            stride.vec(),
-                            padding.vec(),
-                            dilation.vec(),
-                            transposed,
-                            output_padding.vec(),
-                            groups,
-                            std::vector<bool>(output_mask.begin(), output_mask.end())};
+    torch::jit::Stack stack{grad_output,    input,   weight,        c10::IValue(bias_sizes),
+                            stride.vec(),   padding.vec(), dilation.vec(), transposed,
+                            output_padding.vec(), groups, std::vector<bool>{true, true, true}};
     if (record_call(&conv_backward, &stack, 0, 11, {})) {
-      return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
+      auto kept = [&](size_t k) { return output_mask[k] ? stack[k].toTensor() : at::Tensor(); };
+      return {kept(0), kept(1), kept(2)};
     }
   }
   count_fallback(kName);
@@ -862,23 +858,52 @@ struct CallContext {
 struct KeptCall {
   c10::OperatorHandle op;
   torch::jit::Stack args;
-  std::vector<size_t> tensor_positions;
+  // Where the device tensors went: per argument position, the entries of a tensor list that
+  // held one (-1 for a tensor argument), in stack order.
+  std::vector<std::pair<size_t, std::vector<int64_t>>> tensor_positions;
+  size_t ntensors = 0;
 };
 
 // Null when it cannot keep it (the recorder then declines the call).
 void* keep_call(void* call) noexcept {
   try {
     auto* c = static_cast<CallContext*>(call);
-    auto kept = std::make_unique<KeptCall>(KeptCall{*c->op, {}, {}});
+    auto kept = std::make_unique<KeptCall>(KeptCall{*c->op, {}, {}, 0});
     kept->args.reserve(c->nargs);
+    auto on_device = [](const at::Tensor& t) {
+      return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+    };
     for (size_t i = 0; i < c->nargs; ++i) {
       const c10::IValue& v = (*c->stack)[c->first + i];
       // Device tensors are left out (the recorder gives their memory at a replay); a CPU
-      // scalar stays.
-      if (v.isTensor() && v.toTensor().defined() &&
-          v.toTensor().device().type() == c10::DeviceType::PrivateUse1) {
-        kept->tensor_positions.push_back(i);
+      // scalar stays. A list keeps its length and its None entries.
+      if (v.isTensor() && on_device(v.toTensor())) {
+        kept->tensor_positions.push_back({i, {-1}});
+        kept->ntensors += 1;
         kept->args.emplace_back();
+      } else if (v.isTensorList() || v.isOptionalTensorList()) {
+        std::vector<int64_t> entries;
+        c10::List<std::optional<at::Tensor>> holes;
+        int64_t j = 0;
+        auto add = [&](const std::optional<at::Tensor>& t) {
+          if (t.has_value() && on_device(*t)) entries.push_back(j);
+          holes.push_back(t.has_value() && !on_device(*t) ? t : std::nullopt);
+          ++j;
+        };
+        if (v.isTensorList()) {
+          for (const at::Tensor& t : v.toTensorList().vec()) add(t);
+        } else {
+          for (const auto& t : v.toOptionalTensorList().vec()) add(t);
+        }
+        kept->ntensors += entries.size();
+        kept->tensor_positions.push_back({i, std::move(entries)});
+        kept->args.push_back(v.isTensorList() ? c10::IValue(c10::List<at::Tensor>())
+                                              : c10::IValue(std::move(holes)));
+        if (v.isTensorList()) {
+          // Its length, as undefined tensors the replay fills.
+          auto list = kept->args.back().toTensorList();
+          list.resize(static_cast<size_t>(j));
+        }
       } else {
         kept->args.push_back(v);
       }
@@ -897,16 +922,32 @@ int32_t replay_call(void* k, const TpukArg* tensors, size_t ntensors, const Tpuk
                     size_t nouts, char* err, size_t cap) noexcept {
   auto* kept = static_cast<KeptCall*>(k);
   try {
-    TORCH_CHECK(ntensors == kept->tensor_positions.size(), "replay: ", ntensors,
-                " tensors for a call that took ", kept->tensor_positions.size());
+    TORCH_CHECK(ntensors == kept->ntensors, "replay: ", ntensors,
+                " tensors for a call that took ", kept->ntensors);
     torch::jit::Stack stack = kept->args;
-    for (size_t j = 0; j < ntensors; ++j) {
-      const TpukArg& a = tensors[j];
+    size_t next = 0;
+    auto tensor = [&]() {
+      const TpukArg& a = tensors[next++];
       c10::IntArrayRef sizes(a.sizes, static_cast<size_t>(a.len));
       c10::IntArrayRef strides(a.strides, static_cast<size_t>(a.len));
-      stack[kept->tensor_positions[j]] = at::from_blob(
+      return at::from_blob(
           const_cast<void*>(a.data), sizes, strides,
           at::TensorOptions().dtype(static_cast<c10::ScalarType>(a.dtype)).device(c10::kCPU));
+    };
+    for (const auto& [pos, entries] : kept->tensor_positions) {
+      c10::IValue& slot = stack[pos];
+      if (entries.size() == 1 && entries[0] == -1) {
+        slot = tensor();
+      } else if (slot.isTensorList()) {
+        // A fresh list: the kept one is shared with every earlier copy of the stack.
+        std::vector<at::Tensor> list = slot.toTensorList().vec();
+        for (int64_t j : entries) list[static_cast<size_t>(j)] = tensor();
+        slot = c10::IValue(c10::List<at::Tensor>(list));
+      } else {
+        std::vector<std::optional<at::Tensor>> list = slot.toOptionalTensorList().vec();
+        for (int64_t j : entries) list[static_cast<size_t>(j)] = tensor();
+        slot = c10::IValue(c10::List<std::optional<at::Tensor>>(list));
+      }
     }
     for (c10::IValue& v : stack) {
       if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
@@ -1042,7 +1083,97 @@ const Functional& functional_of(const c10::OperatorHandle& op) {
 bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, size_t first,
                  size_t nargs, std::vector<at::Tensor> written);
 
+// Batch norm's training forward writes the running statistics, though neither its schema
+// (`native_batch_norm`) nor its results (`_batch_norm_with_update`) say so as the functional
+// rule reads them: it is recorded as `_native_batch_norm_legit_functional`, the new running
+// statistics written into the old ones' memory. Its backward (`batch_norm_backward`) is recorded
+// as `native_batch_norm_backward`, every output asked for (the lowering takes no absent one) and
+// those the mask leaves out dropped at once. `*handled` says whether `op` is one of these.
+bool record_batch_norm(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool* handled) {
+  struct Ops {
+    const c10::FunctionSchema* native;
+    const c10::FunctionSchema* with_update;
+    const c10::FunctionSchema* backward;
+    c10::OperatorHandle legit;
+    c10::OperatorHandle native_backward;
+  };
+  static const Ops ops = [] {
+    auto& d = c10::Dispatcher::singleton();
+    return Ops{&d.findSchemaOrThrow("aten::native_batch_norm", "").schema(),
+               &d.findSchemaOrThrow("aten::_batch_norm_with_update", "").schema(),
+               &d.findSchemaOrThrow("aten::batch_norm_backward", "").schema(),
+               d.findSchemaOrThrow("aten::_native_batch_norm_legit_functional", ""),
+               d.findSchemaOrThrow("aten::native_batch_norm_backward", "")};
+  }();
+  const c10::FunctionSchema* schema = &op.schema();
+  *handled = schema == ops.native || schema == ops.with_update || schema == ops.backward;
+  if (!*handled) return false;
+  const size_t nargs = schema->arguments().size();
+  const size_t first = stack->size() - nargs;
+  auto arg = [&](size_t i) -> const c10::IValue& { return (*stack)[first + i]; };
+  std::vector<c10::IValue> results;
+  if (schema == ops.backward) {
+    // (grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
+    //  output_mask, reserve)
+    const bool weighted = arg(2).isTensor() && arg(2).toTensor().defined();
+    c10::List<bool> mask = arg(9).toBoolList();
+    torch::jit::Stack local{arg(0), arg(1), arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8),
+                            std::vector<bool>{true, weighted || mask[1], weighted || mask[2]}};
+    if (!record_call(&ops.native_backward, &local, 0, 10, {})) return false;
+    for (size_t k = 0; k < 3; ++k) {
+      results.push_back(mask[k] ? local[k] : c10::IValue(at::Tensor()));
+    }
+  } else {
+    const bool update = schema == ops.with_update;
+    // native_batch_norm: (input, weight, bias, running_mean, running_var, training, momentum,
+    // eps); _batch_norm_with_update: the same without `training`.
+    if (!update && !arg(5).toBool()) return false;
+    if (!arg(3).isTensor() || !arg(4).isTensor()) return false;
+    at::Tensor rm = arg(3).toTensor();
+    at::Tensor rv = arg(4).toTensor();
+    torch::jit::Stack local{arg(0), arg(1), arg(2), rm, rv, true, arg(update ? 5 : 6),
+                            arg(update ? 6 : 7)};
+    if (!record_call(&ops.legit, &local, 0, 8, {rm, rv})) return false;
+    results = {local[0], local[1], local[2]};
+    if (update) {
+      // The reserve: empty, as PyTorch's CPU kernel gives it.
+      results.emplace_back(at::empty({0}, arg(0).toTensor().options().dtype(at::kByte)));
+    }
+  }
+  torch::jit::drop(*stack, nargs);
+  for (c10::IValue& r : results) torch::jit::push(*stack, std::move(r));
+  return true;
+}
+
+// `index_put_` reaches the device as `_index_put_impl_`, whose extra `unsafe` flag only skips
+// PyTorch's bounds checks and which has no functional overload of its own: it is recorded as
+// `index_put` written into `self`. `*handled` says whether `op` is it.
+bool record_index_put_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           bool* handled) {
+  static const c10::FunctionSchema* impl =
+      &c10::Dispatcher::singleton().findSchemaOrThrow("aten::_index_put_impl_", "").schema();
+  static const c10::OperatorHandle index_put =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::index_put", "");
+  *handled = &op.schema() == impl;
+  if (!*handled) return false;
+  // (self, indices, values, accumulate, unsafe)
+  const size_t first = stack->size() - 5;
+  const c10::IValue& self = (*stack)[first];
+  if (!self.isTensor()) return false;
+  at::Tensor target = self.toTensor();
+  torch::jit::Stack local{self, (*stack)[first + 1], (*stack)[first + 2], (*stack)[first + 3]};
+  if (!record_call(&index_put, &local, 0, 4, {target})) return false;
+  torch::jit::drop(*stack, 5);
+  torch::jit::push(*stack, std::move(local[0]));
+  return true;
+}
+
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  bool special = false;
+  bool recorded = record_batch_norm(op, stack, &special);
+  if (special) return recorded;
+  recorded = record_index_put_impl(op, stack, &special);
+  if (special) return recorded;
   const size_t nargs = op.schema().arguments().size();
   const size_t first = stack->size() - nargs;
   const c10::OperatorHandle* target = &op;
@@ -1072,18 +1203,34 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
   const size_t nret = schema.returns().size();
   Scratch scratch;
   std::vector<TpukArg> args = marshal(*stack, first, ntarget, scratch);
-  // What an int stands for, the schema says.
+  // What an int stands for, the schema says; tensor lists go over as lists.
   for (size_t i = 0; i < ntarget; ++i) {
     const c10::IValue& v = (*stack)[first + i];
     if (v.isDevice()) {
       args[i].kind = TPUK_DEVICE;
     } else if (v.isInt()) {
       args[i].kind = info.int_kinds[i];
+    } else if (v.isTensorList() || v.isOptionalTensorList()) {
+      std::vector<TpukArg> list;
+      if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList().vec()) list.push_back(tensor_arg(t));
+      } else {
+        for (const auto& t : v.toOptionalTensorList().vec()) {
+          list.push_back(t.has_value() ? tensor_arg(*t) : tensor_arg(at::Tensor()));
+        }
+      }
+      scratch.lists.push_back(std::move(list));
+      args[i].kind = TPUK_TENSOR_LIST;
+      args[i].data = scratch.lists.back().data();
+      args[i].len = static_cast<int32_t>(scratch.lists.back().size());
     }
   }
   std::vector<TpukArg> into;
   for (const at::Tensor& t : written) into.push_back(tensor_arg(t));
-  std::vector<TpukOut> outs(written.empty() ? nret : 0);
+  // The first results are fresh, the last `written.size()` written into `written`.
+  TORCH_CHECK(written.size() <= nret, "record: ", written.size(), " written tensors for ", nret,
+              " results");
+  std::vector<TpukOut> outs(nret - written.size());
   CallContext call{target, stack, first, ntarget};
   const auto key = reinterpret_cast<uintptr_t>(&schema);
   int32_t r = g_api->record(key, args.data(), ntarget, into.data(), into.size(), outs.data(),
@@ -1103,8 +1250,9 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
   }
   TORCH_CHECK(r != TPUK_ERROR, last_message());
   if (r != TPUK_RAN) return false;
-  std::vector<at::Tensor> results = std::move(written);
+  std::vector<at::Tensor> results;
   for (const TpukOut& o : outs) results.push_back(wrap_output(o));
+  for (at::Tensor& t : written) results.push_back(std::move(t));
   torch::jit::drop(*stack, nargs);
   for (at::Tensor& t : results) torch::jit::push(*stack, std::move(t));
   return true;

@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TPUK_DEVICE_ABI 4
+#define TPUK_DEVICE_ABI 5
 #define TPUK_MAX_RANK 16
 
 // What one argument of an op call is (`TpukArg::kind`).
@@ -30,6 +30,9 @@ enum {
   TPUK_LAYOUT = 10,
   TPUK_MEMORY_FORMAT = 11,
   TPUK_DEVICE = 12,
+  // Only in `record`: a list of tensors (`Tensor[]`, `Tensor?[]`); `data` points to `len`
+  // TpukArgs, each a tensor or TPUK_NONE.
+  TPUK_TENSOR_LIST = 13,
 };
 
 // Where a tensor argument lives (`TpukArg::device`).
@@ -61,7 +64,7 @@ typedef struct {
   // Tensor: rank. Lists: length.
   int32_t len;
   // Tensor: address of its first element (null when it has none). String: its bytes.
-  // Int list: int64_t[len]. Bool list: uint8_t[len].
+  // Int list: int64_t[len]. Bool list: uint8_t[len]. Tensor list: TpukArg[len].
   const void* data;
   // Tensor: sizes[len] and element strides[len].
   const int64_t* sizes;
@@ -143,12 +146,12 @@ typedef struct {
   // returns its full length.
   size_t (*message)(char* buf, size_t cap);
   // Fused mode with the native recorder: the call of the op `key` identifies (its schema's
-  // address) with `args` (kinds from the schema's types), `nouts` outputs. `into` (`ninto`
-  // tensors, else none): the memory the outputs are written into, for an in-place or out= call
-  // recorded as its functional op. TPUK_RAN: recorded, the outputs (`outs`, placeholders, when
-  // there is no `into`) are filled by the flush; TPUK_DECLINED: flush, then run it as strict mode
-  // does; TPUK_NEED_TYPES: call again with `info`; TPUK_ERROR. `call` is the shim's context for
-  // `TpukRecordHooks::keep`.
+  // address) with `args` (kinds from the schema's types), `nouts + ninto` outputs: the first
+  // `nouts` into fresh placeholders (`outs`), the last `ninto` written into the memory of the
+  // tensors `into` gives (an in-place or out= call recorded as its functional op, a batch norm's
+  // running statistics). TPUK_RAN: recorded, the flush fills the outputs; TPUK_DECLINED: flush,
+  // then run it as strict mode does; TPUK_NEED_TYPES: call again with `info`; TPUK_ERROR. `call`
+  // is the shim's context for `TpukRecordHooks::keep`.
   int32_t (*record)(uintptr_t key, const TpukArg* args, size_t nargs, const TpukArg* into,
                     size_t ninto, TpukOut* outs, size_t nouts, const TpukOpInfo* info, void* call);
   // Runs what was recorded (`reason` names the materialisation point). TPUK_RAN or TPUK_ERROR.

@@ -33,7 +33,7 @@ use crate::torch_bridge::{runtime, runtime_if_ready};
 
 // ----- the C ABI (mirrors device/src/tpuk_device.h) -----
 
-const ABI: u32 = 4;
+const ABI: u32 = 5;
 const MAX_RANK: usize = 16;
 
 pub(crate) const KIND_NONE: i32 = 0;
@@ -49,6 +49,7 @@ pub(crate) const KIND_DTYPE: i32 = 9;
 pub(crate) const KIND_LAYOUT: i32 = 10;
 pub(crate) const KIND_MEMORY_FORMAT: i32 = 11;
 pub(crate) const KIND_DEVICE: i32 = 12;
+pub(crate) const KIND_TENSOR_LIST: i32 = 13;
 
 pub(crate) const ON_CPU: i32 = 0;
 pub(crate) const ON_TPU: i32 = 1;

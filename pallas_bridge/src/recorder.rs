@@ -46,7 +46,8 @@ use tpu_kernels_registry::host_pool::{HostBlock, HostPool};
 
 use crate::device::{
     self, KIND_BOOL, KIND_BOOL_LIST, KIND_DEVICE, KIND_DOUBLE, KIND_DTYPE, KIND_INT, KIND_INT_LIST,
-    KIND_LAYOUT, KIND_MEMORY_FORMAT, KIND_NONE, KIND_STRING, KIND_TENSOR, ON_TPU, TpukArg, TpukOut,
+    KIND_LAYOUT, KIND_MEMORY_FORMAT, KIND_NONE, KIND_STRING, KIND_TENSOR, KIND_TENSOR_LIST, ON_TPU,
+    TpukArg, TpukOut,
 };
 use crate::torch_bridge::{GraphProgram, Runtime, runtime_if_ready};
 
@@ -182,7 +183,8 @@ struct ArgRef {
 struct RecNode {
     op: Arc<OpInfo>,
     args: Vec<Arg>,
-    /// Per argument: what a device tensor argument refers to.
+    /// What each device tensor argument refers to: one entry per argument (None for one that
+    /// is not a device tensor), but one per entry of a tensor list.
     refs: Vec<Option<ArgRef>>,
     /// The value of each output.
     outs: Vec<usize>,
@@ -402,6 +404,15 @@ fn bytes(a: &TpukArg, n: usize) -> &[u8] {
     unsafe { std::slice::from_raw_parts(a.data.cast::<u8>(), n) }
 }
 
+/// A tensor list's entries (each a tensor or `KIND_NONE`).
+fn elements(a: &TpukArg) -> &[TpukArg] {
+    if a.kind != KIND_TENSOR_LIST || a.len <= 0 || a.data.is_null() {
+        return &[];
+    }
+    // SAFETY: the shim passes a tensor list as `len` TpukArgs alive for the call.
+    unsafe { std::slice::from_raw_parts(a.data.cast::<TpukArg>(), a.len as usize) }
+}
+
 fn tensor_type(i: usize, a: &TpukArg) -> Result<TensorType, String> {
     let dtype = device::dtype_of_code(a.dtype).ok_or_else(|| {
         format!("argument {i} has a dtype (ScalarType #{}) the recorder does not take", a.dtype)
@@ -440,16 +451,26 @@ fn signature(key: usize, args: &[TpukArg]) -> Result<Vec<i64>, String> {
                     ));
                 }
             },
-            KIND_TENSOR => {
-                let dims = tensor_dims(a);
-                if dims.contains(&0) || a.data.is_null() {
-                    return Err(format!("argument {i} has no elements"));
+            KIND_TENSOR => device_tensor_signature(&mut sig, a, &format!("argument {i}"))?,
+            KIND_TENSOR_LIST => {
+                let list = elements(a);
+                sig.push(list.len() as i64);
+                for (j, e) in list.iter().enumerate() {
+                    sig.push(i64::from(e.kind));
+                    match e.kind {
+                        KIND_NONE => {}
+                        KIND_TENSOR if e.device == ON_TPU => device_tensor_signature(
+                            &mut sig,
+                            e,
+                            &format!("argument {i}'s tensor {j}"),
+                        )?,
+                        _ => {
+                            return Err(format!(
+                                "argument {i}'s tensor {j} is not on the tpu device"
+                            ));
+                        }
+                    }
                 }
-                // Strides do not change output types; how the argument is read is part of the
-                // trace (its derivation nodes), not of the signature.
-                sig.push(i64::from(a.dtype));
-                sig.push(dims.len() as i64);
-                sig.extend_from_slice(dims);
             }
             KIND_NONE => {}
             KIND_INT | KIND_BOOL | KIND_DTYPE | KIND_LAYOUT | KIND_MEMORY_FORMAT | KIND_DEVICE => {
@@ -474,12 +495,25 @@ fn signature(key: usize, args: &[TpukArg]) -> Result<Vec<i64>, String> {
             }
             _ => {
                 return Err(format!(
-                    "argument {i} is of a kind the recorder does not take (a tensor list, a generator, ...)"
+                    "argument {i} is of a kind the recorder does not take (a generator, a scalar list, ...)"
                 ));
             }
         }
     }
     Ok(sig)
+}
+
+/// A device tensor's part of a signature: dtype and dims (strides do not change output types;
+/// how the tensor is read is part of the trace, its derivation nodes, not of the signature).
+fn device_tensor_signature(sig: &mut Vec<i64>, a: &TpukArg, what: &str) -> Result<(), String> {
+    let dims = tensor_dims(a);
+    if dims.contains(&0) || a.data.is_null() {
+        return Err(format!("{what} has no elements"));
+    }
+    sig.push(i64::from(a.dtype));
+    sig.push(dims.len() as i64);
+    sig.extend_from_slice(dims);
+    Ok(())
 }
 
 /// A 0-dim CPU tensor argument (a Python number PyTorch wrapped, or a scalar tensor) as the
@@ -676,6 +710,18 @@ fn one_node_graph(
             let name = format!("a{i}");
             inputs.push(Input { name: name.clone(), ty: tensor_type(i, a)? });
             node_args.push(Arg::Tensor(TensorRef::new(name)));
+        } else if a.kind == KIND_TENSOR_LIST {
+            let mut list = Vec::new();
+            for (j, e) in elements(a).iter().enumerate() {
+                if e.kind == KIND_NONE {
+                    list.push(None);
+                    continue;
+                }
+                let name = format!("a{i}_{j}");
+                inputs.push(Input { name: name.clone(), ty: tensor_type(i, e)? });
+                list.push(Some(TensorRef::new(name)));
+            }
+            node_args.push(Arg::TensorList(list));
         } else {
             node_args.push(static_arg(i, a)?);
         }
@@ -1321,7 +1367,7 @@ fn record(
         Verdict::Declines { op, reason } => return r.decline(op, reason.clone()),
         Verdict::Records { id, op, outputs, lifted } => (*id, op.clone(), outputs, lifted),
     };
-    let expected_outs = if into.is_empty() { outs.len() } else { into.len() };
+    let expected_outs = outs.len() + into.len();
     if types.len() != expected_outs {
         return r.decline(
             &op.name,
@@ -1348,6 +1394,26 @@ fn record(
                 offset: 0,
             }));
             node_args.push(Arg::Tensor(TensorRef::new(String::new())));
+            continue;
+        }
+        if a.kind == KIND_TENSOR_LIST {
+            let mut list = Vec::new();
+            for e in elements(a) {
+                if e.kind == KIND_NONE {
+                    refs.push(None);
+                    list.push(None);
+                    continue;
+                }
+                match r.resolve(i, e) {
+                    Ok(rf) => refs.push(Some(rf)),
+                    Err(m) => {
+                        r.rollback(mark);
+                        return r.decline(&op.name, m);
+                    }
+                }
+                list.push(Some(TensorRef::new(String::new())));
+            }
+            node_args.push(Arg::TensorList(list));
             continue;
         }
         let on_device = a.kind == KIND_TENSOR && a.device == ON_TPU;
@@ -1377,7 +1443,7 @@ fn record(
     };
     let mut dests = Vec::with_capacity(types.len());
     for (k, ty) in types.iter().enumerate() {
-        let dest = match into.get(k) {
+        let dest = match k.checked_sub(outs.len()).and_then(|w| into.get(w)) {
             Some(a) => match r.written_dest(k, a, ty) {
                 Ok(d) => d,
                 Err(m) => {
@@ -1544,6 +1610,15 @@ impl Recorder {
         TensorRef::output(format!("n{}", value.node), value.out)
     }
 
+    /// What the graph calls a value, an input or a lifted float.
+    fn graph_ref(&self, r: Ref) -> TensorRef {
+        match r {
+            Ref::Value(v) => self.value_ref(v),
+            Ref::Input(k) => TensorRef::new(format!("in{k}")),
+            Ref::Lifted(j) => TensorRef::new(format!("lift{j}")),
+        }
+    }
+
     /// The trace as a graph: its inputs, then one lent input per live value (`live`).
     fn graph(&self, live: &[usize]) -> Graph {
         let mut inputs: Vec<Input> = self
@@ -1570,17 +1645,19 @@ impl Recorder {
             .map(|(i, n)| Node {
                 name: format!("n{i}"),
                 op: n.op.name.clone(),
-                args: n
-                    .args
-                    .iter()
-                    .zip(&n.refs)
-                    .map(|(a, rf)| match rf.as_ref().map(|r| r.graph) {
-                        Some(Ref::Value(v)) => Arg::Tensor(self.value_ref(v)),
-                        Some(Ref::Input(k)) => Arg::Tensor(TensorRef::new(format!("in{k}"))),
-                        Some(Ref::Lifted(j)) => Arg::Tensor(TensorRef::new(format!("lift{j}"))),
-                        None => a.clone(),
-                    })
-                    .collect(),
+                args: {
+                    let mut refs =
+                        n.refs.iter().map(|rf| rf.as_ref().map(|r| self.graph_ref(r.graph)));
+                    n.args
+                        .iter()
+                        .map(|a| match a {
+                            Arg::TensorList(list) => Arg::TensorList(
+                                list.iter().map(|_| refs.next().flatten()).collect(),
+                            ),
+                            _ => refs.next().flatten().map_or_else(|| a.clone(), Arg::Tensor),
+                        })
+                        .collect()
+                },
                 kwargs: BTreeMap::new(),
                 arg_names: n.op.arg_names.clone(),
                 outputs: n.outs.iter().map(|&v| self.values[v].ty.clone()).collect(),

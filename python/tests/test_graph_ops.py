@@ -87,6 +87,8 @@ CASES = {
         [randn(4, 5, 5), randint(0, 5, 10), torch.tensor([0, 1, 2, 3, 4, -1, -2, -3, -4, -5])],
     ),
     "index_apart": (lambda x, i, j: a.index.Tensor(x, [i, None, j]), [randn(3, 4, 5), randint(0, 3, 2, 3), randint(-5, 5, 3)]),
+    "index_select_dim1": (lambda x, i: a.index_select(x, 1, i), [randn(3, 5, 2), torch.tensor([4, 0, 4, 1])]),
+    "index_select_0d_index": (lambda x, i: a.index_select(x, 0, i), [randn(4, 3), torch.tensor(2)]),
     "index_second_dim_int": (lambda x, i: a.index.Tensor(x, [None, i]), [randint(0, 9, 3, 4, 2), torch.tensor([3, -1, 0])]),
     "index_put_inner_accumulate": (
         lambda x, i, j, v: a.index_put(x, [None, i, j], v, True),
@@ -150,6 +152,8 @@ CASES = {
     "amax_amin": (lambda x: (a.amax(x, [0, 2]), a.amin(x, [1], True)), [randn(2, 3, 4)]),
     "var_correction": (lambda x: a.var.correction(x, [1], correction=0, keepdim=True), [randn(3, 6)]),
     "var_all": (lambda x: a.var.correction(x), [randn(3, 6)]),
+    "var_mean_dims": (lambda x: a.var_mean.correction(x, [0, 2], correction=1), [randn(3, 4, 5)]),
+    "var_mean_keepdim": (lambda x: a.var_mean.correction(x, [-1], correction=0, keepdim=True), [randn(2, 7)]),
     "sum_int_and_dtype": (
         lambda i, x: (a.sum.dim_IntList(i, [1]), a.sum.default(x, dtype=torch.float64)),
         [randint(-5, 5, 3, 4), randn(3, 4)],

@@ -295,13 +295,37 @@ pub(super) fn index<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
         return bad("cannot index a 0-dim tensor");
     }
     let list = cx.tensor_list(1, "indices")?;
-    let adv = Advanced::new(cx.b, x, &list)?;
-    let rows = take_rows(cx.b, adv.flat, adv.idx)?;
+    indexed(cx.b, x, &list)
+}
+
+/// `x[list]`: the indexed rows, in PyTorch's placement of the indexed dims.
+fn indexed<'b>(b: &'b KernelBuilder, x: Tensor<'b>, list: &[Option<Tensor<'b>>]) -> Out<'b> {
+    let adv = Advanced::new(b, x, list)?;
+    let rows = take_rows(b, adv.flat, adv.idx)?;
     let order = adv.placement();
     if order.iter().enumerate().all(|(i, &d)| i as i64 == d) {
         return one(rows);
     }
-    one(cx.b.transpose(rows, &order)?)
+    one(b.transpose(rows, &order)?)
+}
+
+/// `index_select(self, dim, index)`: `self` indexed along `dim` by a 1-D `index` (a 0-D one is
+/// one entry), the other dims whole.
+pub(super) fn index_select<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    if x.rank() == 0 {
+        return bad("cannot index_select from a 0-dim tensor");
+    }
+    let d = axis(cx.int(1, "dim")?, x.rank())?;
+    let index = cx.tensor(2, "index")?;
+    let index = match index.rank() {
+        0 => cx.b.reshape(index, Shape::of(&[1]))?,
+        1 => index,
+        r => return bad(format!("index_select needs a 1-D index, got rank {r}")),
+    };
+    let mut list = vec![None; d];
+    list.push(Some(index));
+    indexed(cx.b, x, &list)
 }
 
 /// `index_put(self, indices, values, accumulate)`: the written values go to the flattened

@@ -234,6 +234,19 @@ pub(super) fn argmin<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 
 /// `var(self, dim=None, *, correction=None, keepdim=False)`: `sum((x - mean)^2) / (N - c)`.
 pub(super) fn var<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (v, _) = var_and_mean(cx)?;
+    one(v)
+}
+
+/// `var_mean.correction(self, dim=None, *, correction=None, keepdim=False)`: `(var, mean)`, as
+/// `var` computes them.
+pub(super) fn var_mean<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (v, m) = var_and_mean(cx)?;
+    Ok(vec![v, m])
+}
+
+/// The variance (with `correction`) and the mean of `self` over `dim`, in `self`'s dtype.
+fn var_and_mean<'b>(cx: &Cx<'_, 'b>) -> R<(Tensor<'b>, Tensor<'b>)> {
     let x = cx.tensor(0, "self")?;
     let dims = reduce_dims(cx.opt_ints(1, "dim")?, x.rank())?;
     let correction = cx.opt_scalar(usize::MAX, "correction")?.map_or(1.0, Scalar::as_f64);
@@ -251,7 +264,18 @@ pub(super) fn var<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let ss = reduce(b, sq, BinaryOp::Add, Scalar::Int(0), &dims, keepdim)?;
     let denom = scalar_const(b, xa.dtype(), Scalar::Float((n - correction).max(0.0)))?;
     let v = b.binary(BinaryOp::Divide, ss, denom)?;
-    one(convert(b, v, x.dtype())?)
+    let mean = if keepdim {
+        mean
+    } else {
+        let kept: Vec<u64> = dims_of(mean)?
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !dims.contains(i))
+            .map(|(_, &d)| d)
+            .collect();
+        b.reshape(mean, Shape::of(&kept))?
+    };
+    Ok((convert(b, v, x.dtype())?, convert(b, mean, x.dtype())?))
 }
 
 /// `any(self, dim, keepdim=False)` (and `any.dims`, `any()`): whether an element is nonzero.
