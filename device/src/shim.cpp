@@ -298,6 +298,30 @@ void materialise(const std::string& reason) {
   TORCH_CHECK(g_api->flush(reason.data(), reason.size()) == TPUK_RAN, last_message());
 }
 
+// Whether the `nargs` arguments from `first` on hold device memory: a device tensor (alone or
+// in a list) with elements. A call that holds none reads and writes no pending value (an empty
+// KV cache's `cat` entries, `zero_` of an empty tensor), so it needs no flush.
+bool holds_device_memory(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+  auto holds = [](const at::Tensor& t) {
+    return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 && t.numel() > 0;
+  };
+  for (size_t i = first; i < first + nargs; ++i) {
+    const c10::IValue& v = stack[i];
+    if (v.isTensor() && holds(v.toTensor())) return true;
+    if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) {
+        if (holds(t)) return true;
+      }
+    }
+    if (v.isOptionalTensorList()) {
+      for (const auto& t : v.toOptionalTensorList().vec()) {
+        if (t.has_value() && holds(*t)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 // ----- the kernels every backend needs -----
 
 at::Tensor tpu_empty(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -339,6 +363,7 @@ bool record_copy(const at::Tensor& self, const at::Tensor& dst, bool non_blockin
 
 at::Tensor tpu_copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   if (record_copy(self, dst, non_blocking)) return dst;
+  if (self.numel() == 0 && dst.numel() == 0) return dst;
   materialise("copy");
   host_view(dst).copy_(host_view(self), non_blocking);
   return dst;
@@ -698,6 +723,14 @@ void alias_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// Materialises before a call on `stack` that is not recorded, unless it holds no device memory.
+void materialise_for(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const size_t nargs = op.schema().arguments().size();
+  if (!holds_device_memory(stack, stack.size() - nargs, nargs)) return;
+  materialise(op_key(op));
+}
+
+
 // Every op no kernel is registered for at the key: recorded in fused mode with the native
 // recorder when it takes the call; else counted, then the alias fallback.
 void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
@@ -706,7 +739,7 @@ void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   serial_on_engine_thread();
   if (g_api->mode() == TPUK_MODE_RECORD) {
     if (try_record(op, stack)) return;
-    materialise(op_key(op));
+    materialise_for(op, *stack);
   }
   std::string full = op_key(op);
   g_api->fell_back(reinterpret_cast<uintptr_t>(&op.schema()), full.data(), full.size());
@@ -1168,9 +1201,62 @@ bool record_index_put_impl(const c10::OperatorHandle& op, torch::jit::Stack* sta
   return true;
 }
 
+// `cat` (or `cat.out`, as PyTorch hands it to the device) with entries that have no elements
+// (an empty KV cache's first `cat`): recorded without
+// them, which changes nothing PyTorch computes, as long as they change neither the result's
+// dtype nor PyTorch's shape check (each has the first kept entry's dtype, and is 1-d or of its
+// sizes but along `dim`). `*handled` says whether `op` is such a call.
+bool record_cat_without_empty(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                              bool* handled) {
+  static const c10::OperatorHandle cat = c10::Dispatcher::singleton().findSchemaOrThrow("aten::cat", "");
+  static const c10::FunctionSchema* cat_out =
+      &c10::Dispatcher::singleton().findSchemaOrThrow("aten::cat", "out").schema();
+  *handled = false;
+  const bool out = &op.schema() == cat_out;
+  if (&op.schema() != &cat.schema() && !out) return false;
+  const size_t nargs = out ? 3 : 2;
+  const size_t first = stack->size() - nargs;
+  if (out && !(*stack)[first + 2].isTensor()) return false;
+  const c10::IValue& list = (*stack)[first];
+  if (!list.isTensorList()) return false;
+  std::vector<at::Tensor> all = list.toTensorList().vec();
+  std::vector<at::Tensor> kept;
+  for (const at::Tensor& t : all) {
+    if (t.numel() > 0) kept.push_back(t);
+  }
+  if (kept.size() == all.size() || kept.empty()) return false;
+  const int64_t rank = kept[0].dim();
+  int64_t dim = (*stack)[first + 1].toInt();
+  if (dim < -rank || dim >= rank) return false;
+  if (dim < 0) dim += rank;
+  for (const at::Tensor& t : all) {
+    if (t.scalar_type() != kept[0].scalar_type()) return false;
+    // PyTorch skips a 1-d empty entry; any other must fit the others but along `dim`, or
+    // PyTorch's error is what the caller gets.
+    if (t.numel() > 0 || (t.dim() == 1 && t.size(0) == 0)) continue;
+    if (t.dim() != rank) return false;
+    for (int64_t d = 0; d < rank; ++d) {
+      if (d != dim && t.size(d) != kept[0].size(d)) return false;
+    }
+  }
+  *handled = true;
+  torch::jit::Stack local{c10::IValue(c10::List<at::Tensor>(kept)), (*stack)[first + 1]};
+  std::vector<at::Tensor> written;
+  if (out) {
+    local.push_back((*stack)[first + 2]);
+    written.push_back((*stack)[first + 2].toTensor());
+  }
+  if (!record_call(&cat, &local, 0, nargs, std::move(written))) return false;
+  torch::jit::drop(*stack, nargs);
+  torch::jit::push(*stack, std::move(local[0]));
+  return true;
+}
+
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool special = false;
   bool recorded = record_batch_norm(op, stack, &special);
+  if (special) return recorded;
+  recorded = record_cat_without_empty(op, stack, &special);
   if (special) return recorded;
   recorded = record_index_put_impl(op, stack, &special);
   if (special) return recorded;
@@ -1271,7 +1357,7 @@ struct KernelAtKey final : c10::OperatorKernel {
     check_devices(op, *stack, first);
     if (g_api->mode() == TPUK_MODE_RECORD) {
       if (try_record(op, stack)) return;
-      materialise(op_key(op));
+      materialise_for(op, *stack);
     }
     Scratch scratch;
     std::vector<TpukArg> args = marshal(*stack, first, nargs, scratch);

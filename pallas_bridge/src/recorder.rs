@@ -774,7 +774,14 @@ impl Recorder {
             }
             let graph = self
                 .view_of(v, (offset / esize) as i64, &sizes, &strides, ty)
-                .ok_or_else(|| format!("argument {i} is a view of a pending value ({}) the recorder cannot express", value_ty.short()))?;
+                .ok_or_else(|| {
+                    format!(
+                        "argument {i} is a view of a pending value ({}) the recorder cannot express \
+                         (sizes {sizes:?}, strides {strides:?}, offset {})",
+                        value_ty.short(),
+                        offset / esize
+                    )
+                })?;
             return Ok(ArgRef { graph, base: Ref::Value(v), sizes, strides, offset });
         }
         let Some(order) = order else {
@@ -1292,9 +1299,23 @@ impl Recorder {
             Some((start, end, v)) => {
                 let base = &self.values[v].ty;
                 let plan = (base.dtype == ty.dtype && (addr - start).is_multiple_of(esize))
-                    .then(|| scatter_plan(numel(base) as i64, ((addr - start) / esize) as i64, sizes, strides))
+                    .then(|| {
+                        scatter_plan(
+                            numel(base) as i64,
+                            ((addr - start) / esize) as i64,
+                            sizes,
+                            strides,
+                        )
+                    })
                     .flatten()
-                    .ok_or_else(|| format!("written tensor {k} is a view of a pending value ({}) the recorder cannot express", base.short()))?;
+                    .ok_or_else(|| {
+                        format!(
+                            "written tensor {k} is a view of a pending value ({}) the recorder \
+                             cannot express (sizes {sizes:?}, strides {strides:?}, offset {})",
+                            base.short(),
+                            (addr - start) / esize
+                        )
+                    })?;
                 Ok(Dest::Scatter {
                     base: v,
                     start,

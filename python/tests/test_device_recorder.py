@@ -207,6 +207,63 @@ def test_tensor_list_calls_stay_in_the_trace(native):
         torch.testing.assert_close(g_.cpu(), r)
 
 
+def _empty_cache_step(x):
+    """What a KV cache does on its first step: an empty tensor made on the device (a copy from
+    the host), zeroed, and concatenated with the first keys."""
+    cache = torch.tensor([], dtype=x.dtype, device=x.device)
+    zeros = torch.zeros(0, 8, dtype=x.dtype, device=x.device)
+    zeros.zero_()
+    k = x * 2.0
+    cache = torch.cat([cache, k], dim=-2)
+    both = torch.cat([zeros, k, zeros], dim=0)
+    return cache + 1.0, both * 3.0
+
+
+def test_tensors_with_no_elements_do_not_split_the_trace(native):
+    x = torch.randn(4, 8)
+    ref = _empty_cache_step(x)
+    xt = x.to("tpu")
+    torch.tpu.synchronize()
+    before = _rec()
+    got = _empty_cache_step(xt)
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    device.set_mode("strict")
+    for g_, r in zip(got, ref):
+        torch.testing.assert_close(g_.cpu(), r)
+
+
+def test_an_empty_entry_that_does_not_fit_is_still_pytorchs_error(native):
+    x = torch.randn(3, 5, 4).to("tpu")
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([torch.empty(2, 0, 4, device="tpu"), x * 2.0], dim=0)
+    torch.tpu.synchronize()
+
+
+def _keyword_only(x, a, b):
+    """Ops whose keyword-only arguments change the result: the recorder gives every argument in
+    schema order, so a lowering that read them only as keywords would take the defaults."""
+    v, m = torch.var_mean(x, dim=1, correction=0, keepdim=True)
+    return v, m, torch.var(x, dim=0, correction=2), torch.addmm(x, a, b, beta=0.5, alpha=-2.0)
+
+
+def test_keyword_only_arguments_reach_the_lowering(native):
+    g = torch.Generator().manual_seed(2)
+    x, a, b = (torch.randn(5, 7, generator=g), torch.randn(5, 3, generator=g), torch.randn(3, 7, generator=g))
+    ref = _keyword_only(x, a, b)
+    xt, at, bt = x.to("tpu"), a.to("tpu"), b.to("tpu")
+    before, fell = _rec(), _fell_back()
+    got = _keyword_only(xt, at, bt)
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "recorded", "programs_run")
+    assert d == {"recorded": 3, "programs_run": 1}, (d, _rec()["declined"])
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    for g_, r in zip(got, ref):
+        torch.testing.assert_close(g_.cpu(), r)
+
+
 def test_tensor_list_calls_replay_on_pytorch_when_their_program_fails(native):
     g = torch.Generator().manual_seed(1)
     x, idx = torch.randn(4, 6, generator=g), torch.tensor([3, 1])

@@ -381,9 +381,18 @@ impl<'a, 'b> Cx<'a, 'b> {
         Cx { b, node, args, kwargs }
     }
 
-    /// Argument `i` (positional) or `name` (keyword); `None` when absent or `None`.
+    /// Argument `i` (positional) or `name` (keyword, or positional where the node's
+    /// `arg_names` puts it: a keyword-only argument given in schema order, as the native
+    /// recorder gives every argument); `None` when absent or `None`.
     pub(crate) fn get(&self, i: usize, name: &str) -> Option<&V<'a, 'b>> {
-        let v = if i < self.args.len() { self.args.get(i) } else { self.kwargs.get(name) };
+        let v = if i < self.args.len() {
+            self.args.get(i)
+        } else {
+            self.kwargs.get(name).or_else(|| {
+                let p = self.node.arg_names.iter().position(|n| n == name)?;
+                self.args.get(p)
+            })
+        };
         match v {
             Some(V::A(Arg::None)) | None => None,
             other => other,
