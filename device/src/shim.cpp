@@ -383,7 +383,13 @@ at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
 
 const at::Tensor& tpu_resize(const at::Tensor& self, c10::IntArrayRef size,
                             std::optional<c10::MemoryFormat> memory_format) {
-  materialise("resize_");
+  // Only a resize that moves bytes into new memory reads device memory: one that fits the
+  // storage changes no byte, and one of an empty storage (an out= tensor PyTorch made empty)
+  // has none to move.
+  const size_t have = self.storage().nbytes();
+  const size_t need = at::detail::computeStorageNbytesContiguous(
+      size, self.dtype().itemsize(), self.storage_offset());
+  if (have > 0 && need > have) materialise("resize_");
   return at::native::resize_(self, size, memory_format);
 }
 

@@ -1096,13 +1096,15 @@ enum Dest {
         plan: ScatterPlan,
         view: (Vec<i64>, Vec<i64>),
     },
-    /// Into memory no recorded call writes, laid out densely in dim order `order` (an output
-    /// PyTorch allocated in its input's layout): the block holds the result permuted.
+    /// Into memory laid out densely in dim order `order` (an output PyTorch allocated in its
+    /// input's layout, or all of pending value `replaces` seen in another order): the block
+    /// holds the result permuted.
     Permuted {
         addr: usize,
         end: usize,
         order: Vec<usize>,
         view: (Vec<i64>, Vec<i64>),
+        replaces: Option<usize>,
     },
 }
 
@@ -1293,8 +1295,29 @@ impl Recorder {
         let bytes = numel(ty) * esize;
         let pending = self.blocks.range(..=addr).next_back().map(|(&s, &(e, v))| (s, e, v));
         match pending.filter(|&(_, e, _)| addr < e) {
-            Some((start, end, v)) if dense && start == addr && &self.values[v].ty == ty => {
+            // All of the value's elements, in its order (of its shape or another one).
+            Some((start, end, v))
+                if dense
+                    && start == addr
+                    && self.values[v].ty.dtype == ty.dtype
+                    && numel(&self.values[v].ty) == numel(ty) =>
+            {
                 Ok(Dest::Into { addr, end, replaces: Some(v) })
+            }
+            // All of them, in another dim order (a channels-last view of the value).
+            Some((start, end, v))
+                if start == addr
+                    && self.values[v].ty.dtype == ty.dtype
+                    && numel(&self.values[v].ty) == numel(ty)
+                    && dense_order(sizes, strides).is_some() =>
+            {
+                Ok(Dest::Permuted {
+                    addr,
+                    end,
+                    order: dense_order(sizes, strides).unwrap_or_default(),
+                    view: (sizes.to_vec(), strides.to_vec()),
+                    replaces: Some(v),
+                })
             }
             Some((start, end, v)) => {
                 let base = &self.values[v].ty;
@@ -1332,6 +1355,7 @@ impl Recorder {
                     end: addr + bytes,
                     order,
                     view: (sizes.to_vec(), strides.to_vec()),
+                    replaces: None,
                 }),
                 None => Err(format!("written tensor {k} is strided")),
             },
@@ -1543,7 +1567,10 @@ fn record(
                 scatters.push((v, base, start, end, plan));
                 continue;
             }
-            Dest::Permuted { addr, end, order, view } => {
+            Dest::Permuted { addr, end, order, view, replaces } => {
+                if let Some(old) = replaces {
+                    r.values[old].live = false;
+                }
                 r.values.push(Value {
                     node,
                     out: k,

@@ -209,17 +209,18 @@ def test_tensor_list_calls_stay_in_the_trace(native):
 
 def _empty_cache_step(x):
     """What a KV cache does on its first step: an empty tensor made on the device (a copy from
-    the host), zeroed, and concatenated with the first keys."""
+    the host), zeroed, and concatenated with the first keys; the positions an `arange` (its out=
+    tensor made empty, then resized) gives."""
     cache = torch.tensor([], dtype=x.dtype, device=x.device)
     zeros = torch.zeros(0, 8, dtype=x.dtype, device=x.device)
     zeros.zero_()
-    k = x * 2.0
+    k = x * 2.0 + torch.arange(2, 2 + x.shape[0], device=x.device)[:, None]
     cache = torch.cat([cache, k], dim=-2)
     both = torch.cat([zeros, k, zeros], dim=0)
     return cache + 1.0, both * 3.0
 
 
-def test_tensors_with_no_elements_do_not_split_the_trace(native):
+def test_tensors_with_no_elements_and_fresh_resizes_do_not_split_the_trace(native):
     x = torch.randn(4, 8)
     ref = _empty_cache_step(x)
     xt = x.to("tpu")
@@ -239,6 +240,32 @@ def test_an_empty_entry_that_does_not_fit_is_still_pytorchs_error(native):
     with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
         torch.cat([torch.empty(2, 0, 4, device="tpu"), x * 2.0], dim=0)
     torch.tpu.synchronize()
+
+
+def _written_whole(x):
+    """Writes into all of a pending value through a view of another shape, and of another dim
+    order (channels-last)."""
+    y = x * 2.0
+    y.view(2, 4, 4).add_(1.0)
+    z = (x + 1.0).reshape(2, 4, 4)
+    torch.sub(x.reshape(2, 4, 4).transpose(1, 2), 3.0, out=z.transpose(1, 2))
+    return y * 1.0, z * 1.0
+
+
+def test_writes_into_all_of_a_pending_value_through_a_view_stay_in_the_trace(native):
+    x = torch.randn(8, 4)
+    ref = _written_whole(x)
+    xt = x.to("tpu")
+    torch.tpu.synchronize()
+    before, fell = _rec(), _fell_back()
+    got = _written_whole(xt)
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    for g_, r in zip(got, ref):
+        torch.testing.assert_close(g_.cpu(), r)
 
 
 def _keyword_only(x, a, b):

@@ -353,6 +353,10 @@ CASES = {
                          a.logical_and(m, a.ge.Scalar(x, 0)), a.logical_or(m, a.lt.Tensor(x, y))),
         [randint(-2, 3, 5).float(), randint(-2, 3, 5).float(), torch.tensor([True, False, True, False, False])],
     ),
+    "signed_infinities": (
+        lambda x, i: (a.isneginf(x), a.isposinf(x), a.isneginf(i), a.isposinf(i)),
+        [torch.tensor([1.0, float("-inf"), float("inf"), float("nan"), -3.0]), randint(-4, 4, 5)],
+    ),
     "bitwise": (
         lambda i, j: (a.bitwise_or.Tensor(i, j), a.bitwise_xor.Scalar(i, 5), a.bitwise_not(i), a.bitwise_and.Scalar(i, 6)),
         [randint(-8, 8, 6), randint(-8, 8, 6)],

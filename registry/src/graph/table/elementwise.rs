@@ -387,6 +387,27 @@ comparisons! {
     ge => Ge;
 }
 
+/// Whether each element of `self` is the infinity of `sign`; never for integers and bools.
+fn is_signed_inf<'b>(cx: &Cx<'_, 'b>, sign: f64) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    if !x.dtype().is_float() {
+        let zero = splat(cx.b, x.ty(), Scalar::Int(0))?;
+        return one(cx.b.compare(Direction::Ne, zero, zero)?);
+    }
+    let inf = splat(cx.b, x.ty(), Scalar::Float(sign * f64::INFINITY))?;
+    one(cx.b.compare(Direction::Eq, x, inf)?)
+}
+
+/// `isposinf(self)`.
+pub(super) fn isposinf<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    is_signed_inf(cx, 1.0)
+}
+
+/// `isneginf(self)`.
+pub(super) fn isneginf<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    is_signed_inf(cx, -1.0)
+}
+
 fn bitwise<'b>(cx: &Cx<'_, 'b>, op: BinaryOp) -> Out<'b> {
     let (x, y) = (cx.operand(0, "self")?, cx.operand(1, "other")?);
     if result_type(&[x, y]).is_float() {

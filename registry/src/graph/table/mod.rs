@@ -164,6 +164,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::gt.Scalar", ew::gt),
     ("aten::ge.Tensor", ew::ge),
     ("aten::ge.Scalar", ew::ge),
+    ("aten::isposinf.default", ew::isposinf),
+    ("aten::isneginf.default", ew::isneginf),
     ("aten::bitwise_and.Tensor", ew::bitwise_and),
     ("aten::bitwise_and.Scalar", ew::bitwise_and),
     ("aten::bitwise_or.Tensor", ew::bitwise_or),
