@@ -1336,6 +1336,9 @@ pub(crate) fn device_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     rec.set_item("last_eviction", st.last_eviction)?;
     rec.set_item("replays", st.replays)?;
     rec.set_item("replayed_calls", st.replayed_calls)?;
+    rec.set_item("limit_replays", st.limit_replays)?;
+    rec.set_item("last_limit", st.last_limit)?;
+    rec.set_item("recompile_limit", crate::recorder::recompile_limit())?;
     rec.set_item("record_time_s", st.record_nanos as f64 / 1e9)?;
     rec.set_item("flush_time_s", st.flush_nanos as f64 / 1e9)?;
     rec.set_item("run_time_s", st.run_nanos as f64 / 1e9)?;

@@ -27,6 +27,11 @@
 //! - **Failures**: a program that fails to run is evicted (its key never served again) and the
 //!   trace replays call by call on PyTorch's CPU kernels through the shim, which kept each
 //!   recorded call's operator and non-tensor arguments.
+//! - **The recompile limit**: a trace whose shapes keep changing (a mixture of experts' routing
+//!   gives each expert a new token count every step) would compile a program at each miss. Each
+//!   trace also has a structure, a hash of its calls and how they connect without their types;
+//!   once [`recompile_limit`] programs were compiled for one structure, a miss of it replays on
+//!   PyTorch instead of compiling, as Dynamo's `recompile_limit` sends a frame back to eager.
 //!
 //! Recording is process-wide behind one lock: the autograd engine records backward calls from
 //! its own thread.
@@ -274,6 +279,26 @@ pub(crate) struct Stats {
     /// Of `flush_nanos`: running programs (PJRT), and lowering and compiling them.
     pub(crate) run_nanos: u64,
     pub(crate) compile_nanos: u64,
+    /// Misses replayed on PyTorch because their structure reached the recompile limit.
+    pub(crate) limit_replays: u64,
+    pub(crate) last_limit: String,
+}
+
+/// Programs compiled for one trace structure before its later misses replay instead:
+/// `TPUK_FUSED_RECOMPILE_LIMIT`, else 8 (Dynamo's default `recompile_limit`).
+pub(crate) fn recompile_limit() -> u32 {
+    static LIMIT: std::sync::LazyLock<u32> = std::sync::LazyLock::new(|| {
+        std::env::var("TPUK_FUSED_RECOMPILE_LIMIT")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(8)
+    });
+    *LIMIT
+}
+
+/// `h` with `x` folded in (the structure hash of a trace).
+fn fold(h: u64, x: u64) -> u64 {
+    (h.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95)
 }
 
 #[derive(Default)]
@@ -291,9 +316,13 @@ struct Recorder {
     /// Reshapes and permutes already recorded: (what, kind, params) -> value.
     derivations: FxHashMap<(i64, Derive, Vec<i64>), usize>,
     key: Vec<i64>,
+    /// The pending trace's structure: its calls' ops and argument references, no types.
+    structure: u64,
     deferred: Vec<Deferred>,
     // The trace cache.
     traces: FxHashMap<Vec<i64>, (Arc<Entry>, u64)>,
+    /// Programs compiled per trace structure.
+    compiled: FxHashMap<u64, u32>,
     evicted: FxHashMap<Vec<i64>, String>,
     tick: u64,
     stats: Stats,
@@ -1520,8 +1549,10 @@ fn record(
     };
     let node = r.nodes.len();
     r.key.push(id);
+    r.structure = fold(r.structure, key as u64);
     for rf in refs.iter().flatten() {
         r.key.push(ref_code(rf.graph));
+        r.structure = fold(r.structure, ref_code(rf.graph) as u64);
     }
     // Floats left constants are part of the program: their values key it.
     for (i, a) in args.iter().enumerate() {
@@ -1737,6 +1768,7 @@ impl Recorder {
         self.blocks.clear();
         self.derivations.clear();
         self.key.clear();
+        self.structure = 0;
         PENDING.store(false, Ordering::Release);
         std::mem::take(&mut self.deferred)
     }
@@ -1805,6 +1837,20 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
     let mut key = std::mem::take(&mut r.key);
     key.push(-2);
     key.extend(live.iter().map(|&v| v as i64));
+    let structure = live.iter().fold(fold(r.structure, u64::MAX), |h, &v| fold(h, v as u64));
+    let compiled = r.compiled.get(&structure).copied().unwrap_or(0);
+    if compiled >= recompile_limit()
+        && !r.traces.contains_key(&key)
+        && !r.evicted.contains_key(&key)
+    {
+        r.stats.limit_replays += 1;
+        r.stats.last_limit = format!(
+            "a trace of {} calls with shapes not seen before: {compiled} programs were compiled \
+             for its structure, the recompile limit (TPUK_FUSED_RECOMPILE_LIMIT)",
+            r.nodes.len()
+        );
+        return replay(r);
+    }
     let failed = if let Some(why) = r.evicted.get(&key) {
         Err(format!("this trace's program was evicted from the trace cache: {why}"))
     } else {
@@ -1820,6 +1866,7 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
                 let t = Instant::now();
                 let compiled = compile(rt, r, &live);
                 r.stats.compile_nanos += t.elapsed().as_nanos() as u64;
+                *r.compiled.entry(structure).or_default() += 1;
                 compiled
             }
             .map(|e| {
@@ -1853,8 +1900,12 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
             r.stats.outputs_written += live.len() as u64;
             Ok(())
         }
-        Err(why) => replay(r)
-            .map_err(|m| format!("the fused trace failed ({why}), and replaying it failed: {m}")),
+        Err(why) => {
+            r.stats.replays += 1;
+            replay(r).map_err(|m| {
+                format!("the fused trace failed ({why}), and replaying it failed: {m}")
+            })
+        }
     }
 }
 
@@ -1911,7 +1962,6 @@ fn run_entry(rt: &Runtime, r: &Recorder, e: &Entry, live: &[usize]) -> Result<()
 /// into its placeholder's block, or a scratch block for a value nobody holds.
 fn replay(r: &mut Recorder) -> Result<(), String> {
     let Some(h) = hooks() else { return Err("the shim keeps no calls".to_owned()) };
-    r.stats.replays += 1;
     let mut scratch: HashMap<usize, HostBlock> = HashMap::new();
     let mut replayed = 0u64;
     let result = (|| {

@@ -268,6 +268,33 @@ def test_writes_into_all_of_a_pending_value_through_a_view_stay_in_the_trace(nat
         torch.testing.assert_close(g_.cpu(), r)
 
 
+def test_a_trace_whose_shapes_keep_changing_stops_compiling_at_the_recompile_limit(native):
+    """A mixture of experts gives each expert a new token count every step: past the limit (8
+    programs for one trace structure), a miss replays on PyTorch instead of compiling, counted
+    as a declined fallback with its reason; shapes compiled before still run their programs."""
+    limit = _rec()["recompile_limit"]
+    assert limit == int(os.environ.get("TPUK_FUSED_RECOMPILE_LIMIT", "8"))
+
+    def f(x):
+        return torch.tanh(x) * 3.0 - torch.exp(x * 0.25)
+
+    before = _rec()
+    fb = report().ops.get("tpu_fused_native", {}).get("fallbacks", {}).get("recompile_limit", 0)
+    for rows in range(1, limit + 4):
+        x = torch.randn(rows, 5)
+        got = f(x.to("tpu")).cpu()
+        torch.testing.assert_close(got, f(x))
+    d = _delta(before, _rec(), "misses", "limit_replays", "replays")
+    assert d == {"misses": limit, "limit_replays": 3, "replays": 0}, d
+    assert "recompile limit" in _rec()["last_limit"]
+    assert report().ops["tpu_fused_native"]["fallbacks"]["recompile_limit"] == fb + 3
+    # A shape compiled before is still a hit.
+    before = _rec()
+    x = torch.randn(2, 5)
+    torch.testing.assert_close(f(x.to("tpu")).cpu(), f(x))
+    assert _delta(before, _rec(), "hits", "limit_replays") == {"hits": 1, "limit_replays": 0}
+
+
 def _keyword_only(x, a, b):
     """Ops whose keyword-only arguments change the result: the recorder gives every argument in
     schema order, so a lowering that read them only as keywords would take the defaults."""

@@ -58,8 +58,9 @@ _NO_TRACES = {
 # Declined: no kernel takes the call (its dtype, shape, device, layout or a static value is
 # outside every kernel's guards, the kernel body refused the case (`unsupported`), or the op's
 # binding was refused; a fused program replayed because a recorded node is one no kernel takes
-# and no default lowering covers: `unlowerable`). Expected; counted.
-DECLINED = frozenset({"no_kernel", "unsupported", "bad_input", "schema_refused", "unlowerable"})
+# and no default lowering covers: `unlowerable`; a native fused trace whose shapes keep changing
+# replayed rather than compile past the recompile limit: `recompile_limit`). Expected; counted.
+DECLINED = frozenset({"no_kernel", "unsupported", "bad_input", "schema_refused", "unlowerable", "recompile_limit"})
 # Errors: a kernel or this package's own code failed. `build`, `compile`, `execute`: a kernel
 # selected for the call could not be built, compiled or run. `internal`: an exception in the
 # binding code. `replay`: a fused program or a compiled graph could not run and its ops ran in
@@ -357,6 +358,15 @@ def report() -> Report:
             o["fallbacks"]["replay"] = o["fallbacks"].get("replay", 0) + rec["replays"]
             o["calls"] += rec["replays"]
             o["last_fallback"] = f"native fused trace replayed on PyTorch: {rec['last_eviction'][:300]}"
+        if rec["limit_replays"]:
+            # Misses of a trace whose shapes keep changing, past the recompile limit: they ran on
+            # PyTorch's CPU kernels rather than compile one more program.
+            o = ops.setdefault(
+                "tpu_fused_native", {"calls": 0, "substituted": 0, "fallbacks": {}, "last_fallback": None, "kernels": {}}
+            )
+            o["fallbacks"]["recompile_limit"] = o["fallbacks"].get("recompile_limit", 0) + rec["limit_replays"]
+            o["calls"] += rec["limit_replays"]
+            o["last_fallback"] = f"native fused trace replayed on PyTorch: {rec['last_limit'][:300]}"
         device = dict(d, platform=dev.platform())
     from tpu_kernels import _openmp
 
