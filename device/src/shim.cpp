@@ -383,13 +383,14 @@ at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
 
 const at::Tensor& tpu_resize(const at::Tensor& self, c10::IntArrayRef size,
                             std::optional<c10::MemoryFormat> memory_format) {
-  // Only a resize that moves bytes into new memory reads device memory: one that fits the
-  // storage changes no byte, and one of an empty storage (an out= tensor PyTorch made empty)
-  // has none to move.
+  // Only a resize that moves bytes into new memory reads device memory, but one of an empty
+  // storage (an out= tensor PyTorch made empty) is followed by an eager write into memory the
+  // pending trace may have given back: the trace runs first, so that a replay of it, which
+  // writes where its values lived, cannot meet that write.
   const size_t have = self.storage().nbytes();
   const size_t need = at::detail::computeStorageNbytesContiguous(
       size, self.dtype().itemsize(), self.storage_offset());
-  if (have > 0 && need > have) materialise("resize_");
+  if (have == 0 || need > have) materialise("resize_");
   return at::native::resize_(self, size, memory_format);
 }
 
@@ -729,10 +730,13 @@ void alias_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// Materialises before a call on `stack` that is not recorded, unless it holds no device memory.
+// Materialises before a call on `stack` that is not recorded, unless it is an in-place or out=
+// call that holds no device memory (`zero_` of an empty tensor: it writes nothing; an out=
+// tensor it resizes flushes in `resize_`). A functional call runs first: its fresh results are
+// written eagerly.
 void materialise_for(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
   const size_t nargs = op.schema().arguments().size();
-  if (!holds_device_memory(stack, stack.size() - nargs, nargs)) return;
+  if (op.schema().is_mutable() && !holds_device_memory(stack, stack.size() - nargs, nargs)) return;
   materialise(op_key(op));
 }
 

@@ -19,8 +19,9 @@
 //!   dtype and element count, is that recorded value (a reshape of it when its dims differ);
 //!   any other view of pending memory is declined (the shim flushes, then runs the call as
 //!   strict mode does). Device memory not pending is a program input, read in place at the
-//!   flush; while a trace is pending, no device memory goes back to the allocator (the frees are
-//!   deferred to the flush's end), so an input freed before the flush keeps its bytes.
+//!   flush; while a trace is pending, memory an input reads does not go back to the allocator
+//!   (its free is deferred to the flush's end), so an input freed before the flush keeps its
+//!   bytes. Memory that only recorded calls wrote goes back when its storage dies.
 //! - **The trace cache**: each recorded call appends its signature's id and its arguments'
 //!   references to the trace's key; the flush adds which values are live. A key seen before
 //!   runs its compiled program with no graph built, lowered or compiled.
@@ -359,17 +360,30 @@ pub(crate) fn release_placeholder(p: Placeholder) {
     device::free_block(p.0);
 }
 
-/// Frees `block` now, or after the flush while a trace is pending (it may be a program input).
-/// A value recorded into it (an in-place or out= call) is no longer an output.
+/// Frees `block` now, or after the flush while a trace is pending and it is a program input
+/// (the flush reads its bytes). The values recorded into it (by in-place or out= calls, into an
+/// out= tensor PyTorch allocated) are no longer outputs; when no input of the trace reads its
+/// bytes, nothing will, and it can serve a later allocation of this trace, as a placeholder's
+/// block does (a fused step then holds no more memory than strict mode's).
 pub(crate) fn free_or_defer(block: HostBlock) {
     if PENDING.load(Ordering::Acquire) {
         let mut r = recorder();
         if !r.nodes.is_empty() {
-            if let Some((_, v)) = r.blocks.remove(&(block.as_ptr() as usize)) {
-                r.values[v].live = false;
+            let start = block.as_ptr() as usize;
+            let end = start + block.size();
+            let held: Vec<usize> = r.blocks.range(start..end).map(|(&a, _)| a).collect();
+            let read = r.reads(start, end);
+            for a in held {
+                if let Some((_, v)) = r.blocks.remove(&a) {
+                    r.values[v].live = false;
+                    // A replay writes it into scratch memory: the block may serve another value.
+                    r.values[v].freed = !read;
+                }
             }
-            r.deferred.push(Deferred::Block(block));
-            return;
+            if read {
+                r.deferred.push(Deferred::Block(block));
+                return;
+            }
         }
     }
     device::free_block(block);
@@ -1758,6 +1772,21 @@ impl Recorder {
             Home::Alias(src) => self.home_of(src),
             Home::Input(k) => self.inputs[k].addr,
         }
+    }
+
+    /// Whether an input of the pending trace reads memory in `[start, end)`.
+    fn reads(&self, start: usize, end: usize) -> bool {
+        self.inputs.iter().any(|x| {
+            let extent = match &x.gather {
+                Some((sizes, strides)) => {
+                    let last: i64 =
+                        sizes.iter().zip(strides).map(|(&n, &st)| (n - 1).max(0) * st).sum();
+                    (last as usize + 1) * x.ty.dtype.byte_size()
+                }
+                None => x.bytes,
+            };
+            x.addr < end && x.addr + extent > start
+        })
     }
 
     fn reset(&mut self) -> Vec<Deferred> {
