@@ -31,6 +31,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <dlfcn.h>
 #include <pthread.h>
 
@@ -1262,6 +1263,57 @@ bool record_cat_without_empty(const c10::OperatorHandle& op, torch::jit::Stack* 
   return true;
 }
 
+// An out= call's out tensors that PyTorch left empty (it resizes them in the kernel) get the
+// sizes the functional op's meta function gives, so the recorded call can write them. Resizing
+// an empty storage allocates and writes nothing. False when the meta function gives no answer
+// or another dtype, or strides that are not row-major (PyTorch would restride the out).
+bool size_empty_outs(const c10::OperatorHandle& target, const torch::jit::Stack& stack,
+                     size_t first, size_t ntarget, const std::vector<at::Tensor>& outs) {
+  auto empty = [](const at::Tensor& t) {
+    return t.defined() && t.numel() == 0 && t.storage().nbytes() == 0;
+  };
+  if (std::none_of(outs.begin(), outs.end(), empty)) return true;
+  std::vector<at::Tensor> expected;
+  if (!meta_outputs(target, stack, first, ntarget, expected) || expected.size() != outs.size()) {
+    return false;
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (!empty(outs[k])) continue;
+    const at::Tensor& e = expected[k];
+    if (!e.defined() || e.scalar_type() != outs[k].scalar_type() || !e.is_contiguous()) {
+      return false;
+    }
+  }
+  for (size_t k = 0; k < outs.size(); ++k) {
+    if (empty(outs[k])) at::native::resize_(outs[k], expected[k].sizes(), std::nullopt);
+  }
+  return true;
+}
+
+// `arange.start_out`, as PyTorch hands every `arange` to the device, has no functional overload
+// of its arguments: it is recorded as `arange.start_step` of the out tensor's dtype, written into
+// the out tensor. `*handled` says whether `op` is it.
+bool record_arange_out(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool* handled) {
+  static const c10::FunctionSchema* start_out =
+      &c10::Dispatcher::singleton().findSchemaOrThrow("aten::arange", "start_out").schema();
+  static const c10::OperatorHandle start_step =
+      c10::Dispatcher::singleton().findSchemaOrThrow("aten::arange", "start_step");
+  *handled = &op.schema() == start_out;
+  if (!*handled) return false;
+  // (start, end, step, out)
+  const size_t first = stack->size() - 4;
+  if (!(*stack)[first + 3].isTensor()) return false;
+  at::Tensor out = (*stack)[first + 3].toTensor();
+  torch::jit::Stack local{(*stack)[first],     (*stack)[first + 1], (*stack)[first + 2],
+                          out.scalar_type(),   c10::IValue(),       out.device(),
+                          c10::IValue(),       out};
+  if (!size_empty_outs(start_step, local, 0, 7, {out})) return false;
+  if (!record_call(&start_step, &local, 0, 8, {out})) return false;
+  torch::jit::drop(*stack, 4);
+  torch::jit::push(*stack, std::move(local[0]));
+  return true;
+}
+
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   bool special = false;
   bool recorded = record_batch_norm(op, stack, &special);
@@ -1269,6 +1321,8 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   recorded = record_cat_without_empty(op, stack, &special);
   if (special) return recorded;
   recorded = record_index_put_impl(op, stack, &special);
+  if (special) return recorded;
+  recorded = record_arange_out(op, stack, &special);
   if (special) return recorded;
   const size_t nargs = op.schema().arguments().size();
   const size_t first = stack->size() - nargs;
@@ -1283,6 +1337,8 @@ bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       if (!v.isTensor()) return false;
       written.push_back(v.toTensor());
     }
+    const size_t ntarget = target->schema().arguments().size();
+    if (ntarget < nargs && !size_empty_outs(*target, *stack, first, ntarget, written)) return false;
   }
   return record_call(target, stack, first, nargs, std::move(written));
 }

@@ -326,6 +326,30 @@ def test_a_trace_gives_back_the_memory_of_results_that_die_as_strict_mode_does()
     assert peaks["native"] <= peaks["strict"], peaks
 
 
+def _positions(x):
+    """T5's relative positions: `arange` (PyTorch hands it to the device as `arange.start_out`
+    into an empty tensor) and `abs` into an empty out= tensor, then float ramps."""
+    pos = torch.arange(2, 2 + x.shape[0], device=x.device)
+    rel = torch.abs(pos[:, None] - pos[None, :])
+    ramp = torch.arange(0.0, 1.0, 0.125, device=x.device)
+    return x * 2.0 + rel.float() + ramp
+
+
+def test_arange_and_empty_out_tensors_stay_in_the_trace(native):
+    x = torch.randn(8, 8)
+    ref = _positions(x)
+    xt = x.to("tpu")
+    torch.tpu.synchronize()
+    before, fell = _rec(), _fell_back()
+    got = _positions(xt)
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    torch.testing.assert_close(got.cpu(), ref)
+
+
 def _keyword_only(x, a, b):
     """Ops whose keyword-only arguments change the result: the recorder gives every argument in
     schema order, so a lowering that read them only as keywords would take the defaults."""
