@@ -816,7 +816,8 @@ impl Recorder {
                 ));
             }
             let graph = self
-                .view_of(v, (offset / esize) as i64, &sizes, &strides, ty)
+                .view_of(v, (offset / esize) as i64, &sizes, &strides, ty.clone())
+                .or_else(|| self.view_in_value_dims(v, (offset / esize) as i64, &sizes, &strides, ty))
                 .ok_or_else(|| {
                     format!(
                         "argument {i} is a view of a pending value ({}) the recorder cannot express \
@@ -981,16 +982,33 @@ impl Recorder {
             ));
         }
         // Drop the innermost reshape dim, then the dims in logical order, then the size-1 dims.
-        let physical: Vec<i64> = dims.iter().map(|&d| sizes[d]).collect();
-        if shape != physical {
-            cur = Ref::Value(self.derived(cur, Derive::View, physical.clone(), typed(&physical)));
+        Some(as_value(self.arrange(cur, &shape, &dims, sizes, ty)))
+    }
+
+    /// `cur` (of dims `shape`, whose dims of more than one element hold the view's dims
+    /// `physical` in that order) reshaped to them, permuted to the view's order, and reshaped to
+    /// the view's `sizes` (its size-1 dims).
+    fn arrange(
+        &mut self,
+        mut cur: Ref,
+        shape: &[i64],
+        physical: &[usize],
+        sizes: &[i64],
+        ty: TensorType,
+    ) -> Ref {
+        let typed = |d: &[i64]| {
+            TensorType::new(ty.dtype, Shape::of(&d.iter().map(|&x| x as u64).collect::<Vec<_>>()))
+        };
+        let split: Vec<i64> = physical.iter().map(|&d| sizes[d]).collect();
+        if shape != split {
+            cur = Ref::Value(self.derived(cur, Derive::View, split.clone(), typed(&split)));
         }
-        let mut logical = dims.clone();
+        let mut logical = physical.to_vec();
         logical.sort_unstable();
-        if logical != dims {
+        if logical != physical {
             let perm: Vec<i64> = logical
                 .iter()
-                .map(|d| dims.iter().position(|x| x == d).unwrap_or(0) as i64)
+                .map(|d| physical.iter().position(|x| x == d).unwrap_or(0) as i64)
                 .collect();
             let permuted: Vec<i64> = logical.iter().map(|&d| sizes[d]).collect();
             cur = Ref::Value(self.derived(cur, Derive::Permute, perm, typed(&permuted)));
@@ -999,7 +1017,76 @@ impl Recorder {
         if now != sizes {
             cur = Ref::Value(self.derived(cur, Derive::View, sizes.to_vec(), ty));
         }
-        Some(as_value(cur))
+        cur
+    }
+
+    /// Value `v` seen through the view of `sizes` and `strides` from element `offset`, where
+    /// each of the view's dims runs inside one of the value's own dims (a slice of the value,
+    /// a dim of it split, the dims permuted: `x[:, 1:].reshape(..).permute(..)`): slices of
+    /// the value, a reshape and a permute. None when a view dim crosses value dims, steps, or
+    /// leaves the value.
+    fn view_in_value_dims(
+        &mut self,
+        v: usize,
+        offset: i64,
+        sizes: &[i64],
+        strides: &[i64],
+        ty: TensorType,
+    ) -> Option<Ref> {
+        let dims: Vec<i64> =
+            self.values[v].ty.shape.static_dims()?.iter().map(|&x| x as i64).collect();
+        let own = crate::torch_bridge::compact_strides(&dims);
+        let n: i64 = dims.iter().product();
+        if offset < 0 || offset >= n.max(1) {
+            return None;
+        }
+        let coord: Vec<i64> =
+            dims.iter().zip(&own).map(|(&d, &st)| (offset / st) % d.max(1)).collect();
+        // The value dim each view dim (of more than one element) runs in, innermost first.
+        let mut groups: Vec<Vec<usize>> = vec![Vec::new(); dims.len()];
+        for d in (0..sizes.len()).filter(|&d| sizes[d] > 1) {
+            let i = (0..dims.len()).rev().find(|&i| {
+                strides[d] > 0 && strides[d] % own[i] == 0 && strides[d] < own[i] * dims[i]
+            })?;
+            groups[i].push(d);
+        }
+        // Within a value dim, the view dims split a run of consecutive indices.
+        let mut lens = vec![1i64; dims.len()];
+        let mut split: Vec<usize> = Vec::new();
+        for (i, g) in groups.iter_mut().enumerate() {
+            g.sort_by_key(|&d| std::cmp::Reverse(strides[d]));
+            let mut unit = 1;
+            for &d in g.iter().rev() {
+                if strides[d] != unit * own[i] {
+                    return None;
+                }
+                unit *= sizes[d];
+            }
+            if coord[i] + unit > dims[i] {
+                return None;
+            }
+            lens[i] = unit;
+            split.extend(g.iter().copied());
+        }
+        let typed = |d: &[i64]| {
+            TensorType::new(ty.dtype, Shape::of(&d.iter().map(|&x| x as u64).collect::<Vec<_>>()))
+        };
+        let mut cur = Ref::Value(v);
+        let mut shape = dims.clone();
+        for i in 0..dims.len() {
+            if coord[i] == 0 && lens[i] == dims[i] {
+                continue;
+            }
+            shape[i] = lens[i];
+            cur = Ref::Value(self.derived(
+                cur,
+                Derive::Slice,
+                vec![i as i64, coord[i], coord[i] + lens[i]],
+                typed(&shape),
+            ));
+        }
+        // The split dims in the value's order, then the view's order, then its size-1 dims.
+        Some(self.arrange(cur, &shape, &split, sizes, ty))
     }
 
     /// `aten::view` (to sizes `params`) or `aten::permute` (dims `params`) of `of`, as a value

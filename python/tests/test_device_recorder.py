@@ -179,6 +179,25 @@ def test_materialisation_points_run_the_trace_first(native):
     torch.testing.assert_close(nz.cpu(), torch.nonzero(torch.exp(x) - 3.0 > 0))
 
 
+def _in_one_program(f, *inputs, fallbacks_too=True):
+    """Runs `f` on the device's copies of `inputs` under the native recorder and checks that it
+    ran as one program with one flush, no call left to PyTorch, and PyTorch's values."""
+    ref = f(*inputs)
+    moved = [x.to("tpu") for x in inputs]
+    torch.tpu.synchronize()
+    before, fell = _rec(), _fell_back()
+    got = f(*moved)
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    if fallbacks_too:
+        assert _fell_back() == fell
+    device.set_mode("strict")
+    pairs = zip(got, ref) if isinstance(ref, tuple) else [(got, ref)]
+    for g_, r in pairs:
+        torch.testing.assert_close(g_.cpu(), r)
+
+
 def _lists(x, idx):
     """Ops that take tensor lists: `Tensor[]` (cat, stack) and `Tensor?[]` (index, index_put_)."""
     y = x * 2.0
@@ -193,18 +212,7 @@ def _lists(x, idx):
 
 def test_tensor_list_calls_stay_in_the_trace(native):
     g = torch.Generator().manual_seed(0)
-    x, idx = torch.randn(6, 8, generator=g), torch.tensor([4, 0, 2])
-    ref = _lists(x, idx)
-    xt, it = x.to("tpu"), idx.to("tpu")
-    before, fell = _rec(), _fell_back()
-    got = _lists(xt, it)
-    torch.tpu.synchronize()
-    d = _delta(before, _rec(), "programs_run", "flushes")
-    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
-    assert _fell_back() == fell
-    device.set_mode("strict")
-    for g_, r in zip(got, ref):
-        torch.testing.assert_close(g_.cpu(), r)
+    _in_one_program(_lists, torch.randn(6, 8, generator=g), torch.tensor([4, 0, 2]))
 
 
 def _empty_cache_step(x):
@@ -220,18 +228,8 @@ def _empty_cache_step(x):
 
 
 def test_tensors_with_no_elements_do_not_split_the_trace(native):
-    x = torch.randn(4, 8)
-    ref = _empty_cache_step(x)
-    xt = x.to("tpu")
-    torch.tpu.synchronize()
-    before = _rec()
-    got = _empty_cache_step(xt)
-    torch.tpu.synchronize()
-    d = _delta(before, _rec(), "programs_run", "flushes")
-    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
-    device.set_mode("strict")
-    for g_, r in zip(got, ref):
-        torch.testing.assert_close(g_.cpu(), r)
+    # The empty tensors' own calls (a copy, `zero_`) run on PyTorch, without a flush.
+    _in_one_program(_empty_cache_step, torch.randn(4, 8), fallbacks_too=False)
 
 
 def test_an_empty_entry_that_does_not_fit_is_still_pytorchs_error(native):
@@ -252,19 +250,7 @@ def _written_whole(x):
 
 
 def test_writes_into_all_of_a_pending_value_through_a_view_stay_in_the_trace(native):
-    x = torch.randn(8, 4)
-    ref = _written_whole(x)
-    xt = x.to("tpu")
-    torch.tpu.synchronize()
-    before, fell = _rec(), _fell_back()
-    got = _written_whole(xt)
-    torch.tpu.synchronize()
-    d = _delta(before, _rec(), "programs_run", "flushes")
-    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
-    assert _fell_back() == fell
-    device.set_mode("strict")
-    for g_, r in zip(got, ref):
-        torch.testing.assert_close(g_.cpu(), r)
+    _in_one_program(_written_whole, torch.randn(8, 4))
 
 
 def test_a_trace_whose_shapes_keep_changing_stops_compiling_at_the_recompile_limit(native):
@@ -336,18 +322,19 @@ def _positions(x):
 
 
 def test_arange_and_empty_out_tensors_stay_in_the_trace(native):
-    x = torch.randn(8, 8)
-    ref = _positions(x)
-    xt = x.to("tpu")
-    torch.tpu.synchronize()
-    before, fell = _rec(), _fell_back()
-    got = _positions(xt)
-    torch.tpu.synchronize()
-    d = _delta(before, _rec(), "programs_run", "flushes")
-    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
-    assert _fell_back() == fell
-    device.set_mode("strict")
-    torch.testing.assert_close(got.cpu(), ref)
+    _in_one_program(_positions, torch.randn(8, 8))
+
+
+def _split_view(x):
+    """A vision transformer's patch tokens back to an image: a slice of a pending value, its
+    dims transposed, one of them split (strides [136, 1, 32, 8], offset 8)."""
+    y = x * 2.0
+    img = y[:, 1:, :].transpose(1, 2).reshape(2, 8, 4, 4)
+    return img * 3.0 + 1.0
+
+
+def test_a_slice_of_a_pending_value_split_and_permuted_stays_in_the_trace(native):
+    _in_one_program(_split_view, torch.randn(2, 17, 8))
 
 
 def _keyword_only(x, a, b):
