@@ -41,6 +41,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -1127,48 +1128,38 @@ const Functional& functional_of(const c10::OperatorHandle& op) {
 bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, size_t first,
                  size_t nargs, std::vector<at::Tensor> written);
 
+// The operator `name.overload` (it must exist).
+c10::OperatorHandle find_op(const char* name, const char* overload) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
 // Batch norm's training forward writes the running statistics, though neither its schema
 // (`native_batch_norm`) nor its results (`_batch_norm_with_update`) say so as the functional
 // rule reads them: it is recorded as `_native_batch_norm_legit_functional`, the new running
 // statistics written into the old ones' memory. Its backward (`batch_norm_backward`) is recorded
 // as `native_batch_norm_backward`, every output asked for (the lowering takes no absent one) and
-// those the mask leaves out dropped at once. `*handled` says whether `op` is one of these.
-bool record_batch_norm(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool* handled) {
-  struct Ops {
-    const c10::FunctionSchema* native;
-    const c10::FunctionSchema* with_update;
-    const c10::FunctionSchema* backward;
-    c10::OperatorHandle legit;
-    c10::OperatorHandle native_backward;
-  };
-  static const Ops ops = [] {
-    auto& d = c10::Dispatcher::singleton();
-    return Ops{&d.findSchemaOrThrow("aten::native_batch_norm", "").schema(),
-               &d.findSchemaOrThrow("aten::_batch_norm_with_update", "").schema(),
-               &d.findSchemaOrThrow("aten::batch_norm_backward", "").schema(),
-               d.findSchemaOrThrow("aten::_native_batch_norm_legit_functional", ""),
-               d.findSchemaOrThrow("aten::native_batch_norm_backward", "")};
-  }();
-  const c10::FunctionSchema* schema = &op.schema();
-  *handled = schema == ops.native || schema == ops.with_update || schema == ops.backward;
-  if (!*handled) return false;
-  const size_t nargs = schema->arguments().size();
+// those the mask leaves out dropped at once.
+std::optional<bool> record_batch_norm(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle legit = find_op("aten::_native_batch_norm_legit_functional", "");
+  static const c10::OperatorHandle native_backward = find_op("aten::native_batch_norm_backward", "");
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
   auto arg = [&](size_t i) -> const c10::IValue& { return (*stack)[first + i]; };
   std::vector<c10::IValue> results;
-  if (schema == ops.backward) {
+  if (schema.name() == "aten::batch_norm_backward") {
     // (grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps,
     //  output_mask, reserve)
     const bool weighted = arg(2).isTensor() && arg(2).toTensor().defined();
     c10::List<bool> mask = arg(9).toBoolList();
     torch::jit::Stack local{arg(0), arg(1), arg(2), arg(3), arg(4), arg(5), arg(6), arg(7), arg(8),
                             std::vector<bool>{true, weighted || mask[1], weighted || mask[2]}};
-    if (!record_call(&ops.native_backward, &local, 0, 10, {})) return false;
+    if (!record_call(&native_backward, &local, 0, 10, {})) return false;
     for (size_t k = 0; k < 3; ++k) {
       results.push_back(mask[k] ? local[k] : c10::IValue(at::Tensor()));
     }
   } else {
-    const bool update = schema == ops.with_update;
+    const bool update = schema.name() == "aten::_batch_norm_with_update";
     // native_batch_norm: (input, weight, bias, running_mean, running_var, training, momentum,
     // eps); _batch_norm_with_update: the same without `training`.
     if (!update && !arg(5).toBool()) return false;
@@ -1177,7 +1168,7 @@ bool record_batch_norm(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
     at::Tensor rv = arg(4).toTensor();
     torch::jit::Stack local{arg(0), arg(1), arg(2), rm, rv, true, arg(update ? 5 : 6),
                             arg(update ? 6 : 7)};
-    if (!record_call(&ops.legit, &local, 0, 8, {rm, rv})) return false;
+    if (!record_call(&legit, &local, 0, 8, {rm, rv})) return false;
     results = {local[0], local[1], local[2]};
     if (update) {
       // The reserve: empty, as PyTorch's CPU kernel gives it.
@@ -1191,15 +1182,9 @@ bool record_batch_norm(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
 
 // `index_put_` reaches the device as `_index_put_impl_`, whose extra `unsafe` flag only skips
 // PyTorch's bounds checks and which has no functional overload of its own: it is recorded as
-// `index_put` written into `self`. `*handled` says whether `op` is it.
-bool record_index_put_impl(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                           bool* handled) {
-  static const c10::FunctionSchema* impl =
-      &c10::Dispatcher::singleton().findSchemaOrThrow("aten::_index_put_impl_", "").schema();
-  static const c10::OperatorHandle index_put =
-      c10::Dispatcher::singleton().findSchemaOrThrow("aten::index_put", "");
-  *handled = &op.schema() == impl;
-  if (!*handled) return false;
+// `index_put` written into `self`.
+std::optional<bool> record_index_put_impl(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle index_put = find_op("aten::index_put", "");
   // (self, indices, values, accumulate, unsafe)
   const size_t first = stack->size() - 5;
   const c10::IValue& self = (*stack)[first];
@@ -1216,41 +1201,36 @@ bool record_index_put_impl(const c10::OperatorHandle& op, torch::jit::Stack* sta
 // (an empty KV cache's first `cat`): recorded without
 // them, which changes nothing PyTorch computes, as long as they change neither the result's
 // dtype nor PyTorch's shape check (each has the first kept entry's dtype, and is 1-d or of its
-// sizes but along `dim`). `*handled` says whether `op` is such a call.
-bool record_cat_without_empty(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                              bool* handled) {
-  static const c10::OperatorHandle cat = c10::Dispatcher::singleton().findSchemaOrThrow("aten::cat", "");
-  static const c10::FunctionSchema* cat_out =
-      &c10::Dispatcher::singleton().findSchemaOrThrow("aten::cat", "out").schema();
-  *handled = false;
-  const bool out = &op.schema() == cat_out;
-  if (&op.schema() != &cat.schema() && !out) return false;
-  const size_t nargs = out ? 3 : 2;
+// sizes but along `dim`). A `cat` with no empty entry is left to the general rule.
+std::optional<bool> record_cat_without_empty(const c10::OperatorHandle& op,
+                                             torch::jit::Stack* stack) {
+  static const c10::OperatorHandle cat = find_op("aten::cat", "");
+  const size_t nargs = op.schema().arguments().size();
+  const bool out = nargs == 3;
   const size_t first = stack->size() - nargs;
-  if (out && !(*stack)[first + 2].isTensor()) return false;
+  if (out && !(*stack)[first + 2].isTensor()) return std::nullopt;
   const c10::IValue& list = (*stack)[first];
-  if (!list.isTensorList()) return false;
+  if (!list.isTensorList()) return std::nullopt;
   std::vector<at::Tensor> all = list.toTensorList().vec();
   std::vector<at::Tensor> kept;
   for (const at::Tensor& t : all) {
     if (t.numel() > 0) kept.push_back(t);
   }
-  if (kept.size() == all.size() || kept.empty()) return false;
+  if (kept.size() == all.size() || kept.empty()) return std::nullopt;
   const int64_t rank = kept[0].dim();
   int64_t dim = (*stack)[first + 1].toInt();
-  if (dim < -rank || dim >= rank) return false;
+  if (dim < -rank || dim >= rank) return std::nullopt;
   if (dim < 0) dim += rank;
   for (const at::Tensor& t : all) {
-    if (t.scalar_type() != kept[0].scalar_type()) return false;
+    if (t.scalar_type() != kept[0].scalar_type()) return std::nullopt;
     // PyTorch skips a 1-d empty entry; any other must fit the others but along `dim`, or
     // PyTorch's error is what the caller gets.
     if (t.numel() > 0 || (t.dim() == 1 && t.size(0) == 0)) continue;
-    if (t.dim() != rank) return false;
+    if (t.dim() != rank) return std::nullopt;
     for (int64_t d = 0; d < rank; ++d) {
-      if (d != dim && t.size(d) != kept[0].size(d)) return false;
+      if (d != dim && t.size(d) != kept[0].size(d)) return std::nullopt;
     }
   }
-  *handled = true;
   torch::jit::Stack local{c10::IValue(c10::List<at::Tensor>(kept)), (*stack)[first + 1]};
   std::vector<at::Tensor> written;
   if (out) {
@@ -1292,14 +1272,9 @@ bool size_empty_outs(const c10::OperatorHandle& target, const torch::jit::Stack&
 
 // `arange.start_out`, as PyTorch hands every `arange` to the device, has no functional overload
 // of its arguments: it is recorded as `arange.start_step` of the out tensor's dtype, written into
-// the out tensor. `*handled` says whether `op` is it.
-bool record_arange_out(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool* handled) {
-  static const c10::FunctionSchema* start_out =
-      &c10::Dispatcher::singleton().findSchemaOrThrow("aten::arange", "start_out").schema();
-  static const c10::OperatorHandle start_step =
-      c10::Dispatcher::singleton().findSchemaOrThrow("aten::arange", "start_step");
-  *handled = &op.schema() == start_out;
-  if (!*handled) return false;
+// the out tensor.
+std::optional<bool> record_arange_out(const c10::OperatorHandle&, torch::jit::Stack* stack) {
+  static const c10::OperatorHandle start_step = find_op("aten::arange", "start_step");
   // (start, end, step, out)
   const size_t first = stack->size() - 4;
   if (!(*stack)[first + 3].isTensor()) return false;
@@ -1314,16 +1289,33 @@ bool record_arange_out(const c10::OperatorHandle& op, torch::jit::Stack* stack, 
   return true;
 }
 
+// How the ops the general rule cannot record as they come are recorded: the call recorded
+// (true), declined (false), or left to the general rule (nullopt).
+using SpecialRecord = std::optional<bool> (*)(const c10::OperatorHandle&, torch::jit::Stack*);
+
+SpecialRecord special_record(const c10::OperatorHandle& op) {
+  static const std::unordered_map<const c10::FunctionSchema*, SpecialRecord> table = [] {
+    const std::tuple<const char*, const char*, SpecialRecord> entries[] = {
+        {"aten::native_batch_norm", "", &record_batch_norm},
+        {"aten::_batch_norm_with_update", "", &record_batch_norm},
+        {"aten::batch_norm_backward", "", &record_batch_norm},
+        {"aten::cat", "", &record_cat_without_empty},
+        {"aten::cat", "out", &record_cat_without_empty},
+        {"aten::_index_put_impl_", "", &record_index_put_impl},
+        {"aten::arange", "start_out", &record_arange_out},
+    };
+    std::unordered_map<const c10::FunctionSchema*, SpecialRecord> t;
+    for (const auto& [name, overload, f] : entries) t[&find_op(name, overload).schema()] = f;
+    return t;
+  }();
+  auto it = table.find(&op.schema());
+  return it == table.end() ? nullptr : it->second;
+}
+
 bool try_record(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  bool special = false;
-  bool recorded = record_batch_norm(op, stack, &special);
-  if (special) return recorded;
-  recorded = record_cat_without_empty(op, stack, &special);
-  if (special) return recorded;
-  recorded = record_index_put_impl(op, stack, &special);
-  if (special) return recorded;
-  recorded = record_arange_out(op, stack, &special);
-  if (special) return recorded;
+  if (SpecialRecord special = special_record(op)) {
+    if (std::optional<bool> recorded = special(op, stack)) return *recorded;
+  }
   const size_t nargs = op.schema().arguments().size();
   const size_t first = stack->size() - nargs;
   const c10::OperatorHandle* target = &op;

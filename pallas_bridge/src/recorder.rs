@@ -816,8 +816,11 @@ impl Recorder {
                 ));
             }
             let graph = self
-                .view_of(v, (offset / esize) as i64, &sizes, &strides, ty.clone())
-                .or_else(|| self.view_in_value_dims(v, (offset / esize) as i64, &sizes, &strides, ty))
+                .view_of(
+                    v,
+                    ViewOf { offset: (offset / esize) as i64, sizes: &sizes, strides: &strides },
+                    ty,
+                )
                 .ok_or_else(|| {
                     format!(
                         "argument {i} is a view of a pending value ({}) the recorder cannot express \
@@ -873,17 +876,17 @@ impl Recorder {
         Ok(ArgRef { graph, base, sizes, strides, offset: 0 })
     }
 
-    /// Value `v` (dense) seen through the view of `sizes` and `strides` from element `offset`,
-    /// as reshapes, slices and a permute of it; None when the view is not a box of a reshape
-    /// of it (overlapping or uneven strides).
-    fn view_of(
-        &mut self,
-        v: usize,
-        offset: i64,
-        sizes: &[i64],
-        strides: &[i64],
-        ty: TensorType,
-    ) -> Option<Ref> {
+    /// Value `v` (dense) seen through `view`, as reshapes, slices, a permute and an expand of
+    /// it: a box of a reshape of it, or slices of its own dims split and permuted. None when it
+    /// is neither (overlapping strides, a dim that steps).
+    fn view_of(&mut self, v: usize, view: ViewOf<'_>, ty: TensorType) -> Option<Ref> {
+        self.box_of_reshape(v, view, ty.clone()).or_else(|| self.view_in_value_dims(v, view, ty))
+    }
+
+    /// `v` through `view` when the view is a box of a reshape of it (each of its strides
+    /// divides the next larger one).
+    fn box_of_reshape(&mut self, v: usize, view: ViewOf<'_>, ty: TensorType) -> Option<Ref> {
+        let ViewOf { offset, sizes, strides } = view;
         let n = numel(&self.values[v].ty) as i64;
         let dtype = ty.dtype;
         let as_value = |r: Ref| r;
@@ -895,7 +898,7 @@ impl Recorder {
                 dtype,
                 Shape::of(&reduced.iter().map(|&x| x as u64).collect::<Vec<_>>()),
             );
-            let inner = self.view_of(v, offset, &reduced, strides, rty)?;
+            let inner = self.view_of(v, ViewOf { offset, sizes: &reduced, strides }, rty)?;
             return Some(Ref::Value(self.derived(inner, Derive::Expand, sizes.to_vec(), ty)));
         }
         if offset == 0 && crate::tensor::row_major(sizes, Some(strides)) && numel(&ty) as i64 == n {
@@ -1020,19 +1023,12 @@ impl Recorder {
         cur
     }
 
-    /// Value `v` seen through the view of `sizes` and `strides` from element `offset`, where
-    /// each of the view's dims runs inside one of the value's own dims (a slice of the value,
-    /// a dim of it split, the dims permuted: `x[:, 1:].reshape(..).permute(..)`): slices of
-    /// the value, a reshape and a permute. None when a view dim crosses value dims, steps, or
-    /// leaves the value.
-    fn view_in_value_dims(
-        &mut self,
-        v: usize,
-        offset: i64,
-        sizes: &[i64],
-        strides: &[i64],
-        ty: TensorType,
-    ) -> Option<Ref> {
+    /// `v` through `view` when each of the view's dims runs inside one of the value's own dims
+    /// (a slice of the value, a dim of it split, the dims permuted:
+    /// `x[:, 1:].reshape(..).permute(..)`): slices of the value, a reshape and a permute. None
+    /// when a view dim crosses value dims, steps, or leaves the value.
+    fn view_in_value_dims(&mut self, v: usize, view: ViewOf<'_>, ty: TensorType) -> Option<Ref> {
+        let ViewOf { offset, sizes, strides } = view;
         let dims: Vec<i64> =
             self.values[v].ty.shape.static_dims()?.iter().map(|&x| x as i64).collect();
         let own = crate::torch_bridge::compact_strides(&dims);
@@ -1205,6 +1201,14 @@ fn ref_code(r: Ref) -> i64 {
         Ref::Input(k) => 3 * k as i64 + 1,
         Ref::Lifted(j) => 3 * j as i64 + 2,
     }
+}
+
+/// A view of a pending value's elements: from element `offset`, `sizes` with `strides`.
+#[derive(Clone, Copy)]
+struct ViewOf<'a> {
+    offset: i64,
+    sizes: &'a [i64],
+    strides: &'a [i64],
 }
 
 /// Where a recorded output goes: a fresh placeholder, or memory an in-place or out= call

@@ -349,24 +349,22 @@ def report() -> Report:
                     o["last_fallback"] = message
                     o["last_fallback_seq"] = seq
         rec = d["recorder"]
-        if rec["replays"]:
-            # Traces of the native recorder that ran on PyTorch's CPU kernels instead of their
-            # program: fallbacks of the fused mode, as the Python recorder's replays are.
+        # Traces of the native recorder that ran on PyTorch's CPU kernels instead of a program,
+        # fallbacks of the fused mode as the Python recorder's replays are: a program that failed
+        # (`replay`), and misses of a trace whose shapes keep changing, past the recompile limit
+        # (`recompile_limit`).
+        for category, count, why in (
+            ("replay", rec["replays"], rec["last_eviction"]),
+            ("recompile_limit", rec["limit_replays"], rec["last_limit"]),
+        ):
+            if not count:
+                continue
             o = ops.setdefault(
                 "tpu_fused_native", {"calls": 0, "substituted": 0, "fallbacks": {}, "last_fallback": None, "kernels": {}}
             )
-            o["fallbacks"]["replay"] = o["fallbacks"].get("replay", 0) + rec["replays"]
-            o["calls"] += rec["replays"]
-            o["last_fallback"] = f"native fused trace replayed on PyTorch: {rec['last_eviction'][:300]}"
-        if rec["limit_replays"]:
-            # Misses of a trace whose shapes keep changing, past the recompile limit: they ran on
-            # PyTorch's CPU kernels rather than compile one more program.
-            o = ops.setdefault(
-                "tpu_fused_native", {"calls": 0, "substituted": 0, "fallbacks": {}, "last_fallback": None, "kernels": {}}
-            )
-            o["fallbacks"]["recompile_limit"] = o["fallbacks"].get("recompile_limit", 0) + rec["limit_replays"]
-            o["calls"] += rec["limit_replays"]
-            o["last_fallback"] = f"native fused trace replayed on PyTorch: {rec['last_limit'][:300]}"
+            o["fallbacks"][category] = o["fallbacks"].get(category, 0) + count
+            o["calls"] += count
+            o["last_fallback"] = f"native fused trace replayed on PyTorch: {why[:300]}"
         device = dict(d, platform=dev.platform())
     from tpu_kernels import _openmp
 
