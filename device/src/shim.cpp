@@ -903,9 +903,14 @@ struct CallContext {
 struct KeptCall {
   c10::OperatorHandle op;
   torch::jit::Stack args;
-  // Where the device tensors went: per argument position, the entries of a tensor list that
-  // held one (-1 for a tensor argument), in stack order.
-  std::vector<std::pair<size_t, std::vector<int64_t>>> tensor_positions;
+  // Where the device tensors went, in stack order: an argument position, and the entries of a
+  // tensor list that held one (none for a tensor argument).
+  struct Position {
+    size_t arg;
+    bool list;
+    std::vector<int64_t> entries;
+  };
+  std::vector<Position> tensor_positions;
   size_t ntensors = 0;
 };
 
@@ -915,6 +920,7 @@ void* keep_call(void* call) noexcept {
     auto* c = static_cast<CallContext*>(call);
     auto kept = std::make_unique<KeptCall>(KeptCall{*c->op, {}, {}, 0});
     kept->args.reserve(c->nargs);
+    kept->tensor_positions.reserve(c->nargs);
     auto on_device = [](const at::Tensor& t) {
       return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
     };
@@ -923,7 +929,7 @@ void* keep_call(void* call) noexcept {
       // Device tensors are left out (the recorder gives their memory at a replay); a CPU
       // scalar stays. A list keeps its length and its None entries.
       if (v.isTensor() && on_device(v.toTensor())) {
-        kept->tensor_positions.push_back({i, {-1}});
+        kept->tensor_positions.push_back({i, false, {}});
         kept->ntensors += 1;
         kept->args.emplace_back();
       } else if (v.isTensorList() || v.isOptionalTensorList()) {
@@ -941,7 +947,7 @@ void* keep_call(void* call) noexcept {
           for (const auto& t : v.toOptionalTensorList().vec()) add(t);
         }
         kept->ntensors += entries.size();
-        kept->tensor_positions.push_back({i, std::move(entries)});
+        kept->tensor_positions.push_back({i, true, std::move(entries)});
         kept->args.push_back(v.isTensorList() ? c10::IValue(c10::List<at::Tensor>())
                                               : c10::IValue(std::move(holes)));
         if (v.isTensorList()) {
@@ -979,9 +985,9 @@ int32_t replay_call(void* k, const TpukArg* tensors, size_t ntensors, const Tpuk
           const_cast<void*>(a.data), sizes, strides,
           at::TensorOptions().dtype(static_cast<c10::ScalarType>(a.dtype)).device(c10::kCPU));
     };
-    for (const auto& [pos, entries] : kept->tensor_positions) {
+    for (const auto& [pos, list, entries] : kept->tensor_positions) {
       c10::IValue& slot = stack[pos];
-      if (entries.size() == 1 && entries[0] == -1) {
+      if (!list) {
         slot = tensor();
       } else if (slot.isTensorList()) {
         // A fresh list: the kept one is shared with every earlier copy of the stack.
@@ -1459,6 +1465,48 @@ torch::Library& library_for(const std::string& ns) {
   return *it->second;
 }
 
+// PyTorch's generic kernels for a backend of its own (CompositeExplicitAutogradNonFunctional):
+// a structured op's functional form allocates its result on the device, then calls its out=
+// form, which reaches the fallback. Two calls at the key for one op: in fused mode the result
+// is a real device allocation the recorded call writes into, and a recording costs about twice
+// a direct one. The functional forms of those ops go to the fallback itself (the in-place ones
+// keep the generic kernel: it writes into `self` through the out= form). Registered once, the
+// first time the runtime is installed; a kernel bound to such an op replaces its entry.
+std::unordered_map<c10::OperatorName, c10::RegistrationHandleRAII>& direct_functional() {
+  static std::unordered_map<c10::OperatorName, c10::RegistrationHandleRAII> handles;
+  return handles;
+}
+
+void register_direct_functional() {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  auto& handles = direct_functional();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+      continue;
+    }
+    const auto& schema = op->schema();
+    // Functional ops only: nothing written, no result aliasing an argument.
+    if (schema.is_mutable()) continue;
+    bool aliases = false;
+    for (const auto& a : schema.arguments()) aliases = aliases || a.alias_info() != nullptr;
+    for (const auto& r : schema.returns()) aliases = aliases || r.alias_info() != nullptr;
+    // Ops about allocation and copies, not computation, keep their generic kernels.
+    static const char* const kept[] = {"aten::new_empty_strided", "aten::lift_fresh_copy",
+                                       "aten::copy"};
+    bool keep = std::any_of(std::begin(kept), std::end(kept),
+                            [&](const char* k) { return name.name == k; });
+    if (aliases || keep) continue;
+    handles.emplace(name, dispatcher.registerImpl(
+                              name, c10::DispatchKey::PrivateUse1,
+                              c10::KernelFunction::makeFromBoxedFunction<&counted_fallback>(),
+                              std::nullopt, nullptr, "tpu_kernels: direct functional form"));
+  }
+}
+
 void copy_message(const std::string& m, char* err, size_t cap) {
   if (cap == 0) return;
   size_t n = std::min(m.size(), cap - 1);
@@ -1534,6 +1582,15 @@ int tpuk_shim_install(const TpukDeviceApi* api, char* err, size_t cap) {
   g_api = api;
   api->connect(&kRecordHooks);
   if (!hooks_registered) {
+    try {
+      std::lock_guard<std::mutex> guard(g_bind_lock);
+      register_direct_functional();
+    } catch (const std::exception& e) {
+      direct_functional().clear();  // none stays half registered
+      copy_message(std::string("registering the functional forms at the key: ") + e.what(), err,
+                   cap);
+      return 1;
+    }
     at::RegisterPrivateUse1HooksInterface(new TpuHooks());
     at::native::_fused_sdp_choice_stub.set_privateuse1_dispatch_ptr(&tpu_fused_sdp_choice);
     hooks_registered = true;
@@ -1560,6 +1617,8 @@ int tpuk_shim_bind(const char* ns, const char* name, const char* overload, uint3
         return 1;
       }
     }
+    // The fallback's direct entry for a functional form gives way to the kernel.
+    direct_functional().erase(handle->operator_name());
     std::string impl_name = std::string(name) + (*overload ? std::string(".") + overload : "");
     library_for(ns).impl(impl_name.c_str(),
                          torch::CppFunction::makeFromBoxedFunctor(

@@ -45,7 +45,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use tpu_kernels::{DType, Shape, TensorType};
+use tpu_kernels::{DType, Dim, Shape, TensorType};
 use tpu_kernels_registry::HostTensor;
 use tpu_kernels_registry::graph::{Arg, Graph, Input, Node, TensorRef};
 use tpu_kernels_registry::host_pool::{HostBlock, HostPool};
@@ -316,6 +316,8 @@ struct Recorder {
     blocks: BTreeMap<usize, (usize, usize)>,
     /// Reshapes and permutes already recorded: (what, kind, params) -> value.
     derivations: FxHashMap<(i64, Derive, Vec<i64>), usize>,
+    /// The last call's signature, its memory reused by the next.
+    sig_scratch: Vec<i64>,
     key: Vec<i64>,
     /// The pending trace's structure: its calls' ops and argument references, no types.
     structure: u64,
@@ -460,8 +462,8 @@ fn tensor_type(i: usize, a: &TpukArg) -> Result<TensorType, String> {
     let dtype = device::dtype_of_code(a.dtype).ok_or_else(|| {
         format!("argument {i} has a dtype (ScalarType #{}) the recorder does not take", a.dtype)
     })?;
-    let dims: Vec<u64> = tensor_dims(a).iter().map(|&d| d.max(0) as u64).collect();
-    Ok(TensorType::new(dtype, Shape::of(&dims)))
+    let shape: Shape = tensor_dims(a).iter().map(|&d| Dim::Static(d.max(0) as u64)).collect();
+    Ok(TensorType::new(dtype, shape))
 }
 
 fn numel(ty: &TensorType) -> usize {
@@ -470,8 +472,8 @@ fn numel(ty: &TensorType) -> usize {
 
 /// The signature of a call (op, argument kinds, tensor types, static values), or why the
 /// recorder does not take it.
-fn signature(key: usize, args: &[TpukArg]) -> Result<Vec<i64>, String> {
-    let mut sig = Vec::with_capacity(4 + args.len() * 4);
+fn signature(key: usize, args: &[TpukArg], sig: &mut Vec<i64>) -> Result<(), String> {
+    sig.clear();
     sig.push(key as i64);
     sig.push(args.len() as i64);
     for (i, a) in args.iter().enumerate() {
@@ -494,7 +496,7 @@ fn signature(key: usize, args: &[TpukArg]) -> Result<Vec<i64>, String> {
                     ));
                 }
             },
-            KIND_TENSOR => device_tensor_signature(&mut sig, a, &format!("argument {i}"))?,
+            KIND_TENSOR => device_tensor_signature(sig, a, || format!("argument {i}"))?,
             KIND_TENSOR_LIST => {
                 let list = elements(a);
                 sig.push(list.len() as i64);
@@ -502,11 +504,11 @@ fn signature(key: usize, args: &[TpukArg]) -> Result<Vec<i64>, String> {
                     sig.push(i64::from(e.kind));
                     match e.kind {
                         KIND_NONE => {}
-                        KIND_TENSOR if e.device == ON_TPU => device_tensor_signature(
-                            &mut sig,
-                            e,
-                            &format!("argument {i}'s tensor {j}"),
-                        )?,
+                        KIND_TENSOR if e.device == ON_TPU => {
+                            device_tensor_signature(sig, e, || {
+                                format!("argument {i}'s tensor {j}")
+                            })?
+                        }
                         _ => {
                             return Err(format!(
                                 "argument {i}'s tensor {j} is not on the tpu device"
@@ -543,15 +545,19 @@ fn signature(key: usize, args: &[TpukArg]) -> Result<Vec<i64>, String> {
             }
         }
     }
-    Ok(sig)
+    Ok(())
 }
 
 /// A device tensor's part of a signature: dtype and dims (strides do not change output types;
 /// how the tensor is read is part of the trace, its derivation nodes, not of the signature).
-fn device_tensor_signature(sig: &mut Vec<i64>, a: &TpukArg, what: &str) -> Result<(), String> {
+fn device_tensor_signature(
+    sig: &mut Vec<i64>,
+    a: &TpukArg,
+    what: impl FnOnce() -> String,
+) -> Result<(), String> {
     let dims = tensor_dims(a);
     if dims.contains(&0) || a.data.is_null() {
-        return Err(format!("{what} has no elements"));
+        return Err(format!("{} has no elements", what()));
     }
     sig.push(i64::from(a.dtype));
     sig.push(dims.len() as i64);
@@ -804,15 +810,13 @@ impl Recorder {
         let esize = ty.dtype.byte_size();
         let addr = a.data as usize;
         let bytes = numel(&ty) * esize;
-        let order = dense_order(&sizes, &strides);
         let pending = self.blocks.range(..=addr).next_back().map(|(&s, &(e, v))| (s, e, v));
         if let Some((start, _, v)) = pending.filter(|&(_, e, _)| addr < e) {
-            let value_ty = self.values[v].ty.clone();
             let offset = addr - start;
-            if value_ty.dtype != ty.dtype || !offset.is_multiple_of(esize) {
+            if self.values[v].ty.dtype != ty.dtype || !offset.is_multiple_of(esize) {
                 return Err(format!(
                     "argument {i} reinterprets a pending value ({})",
-                    value_ty.short()
+                    self.values[v].ty.short()
                 ));
             }
             let graph = self
@@ -825,13 +829,13 @@ impl Recorder {
                     format!(
                         "argument {i} is a view of a pending value ({}) the recorder cannot express \
                          (sizes {sizes:?}, strides {strides:?}, offset {})",
-                        value_ty.short(),
+                        self.values[v].ty.short(),
                         offset / esize
                     )
                 })?;
             return Ok(ArgRef { graph, base: Ref::Value(v), sizes, strides, offset });
         }
-        let Some(order) = order else {
+        let Some(order) = dense_order(&sizes, &strides) else {
             // A strided view of memory no recorded call writes: gathered at the flush.
             let gather = Some((sizes.clone(), strides.clone()));
             let k = match self
@@ -880,6 +884,13 @@ impl Recorder {
     /// it: a box of a reshape of it, or slices of its own dims split and permuted. None when it
     /// is neither (overlapping strides, a dim that steps).
     fn view_of(&mut self, v: usize, view: ViewOf<'_>, ty: TensorType) -> Option<Ref> {
+        // The value itself, as most arguments are.
+        if view.offset == 0
+            && self.values[v].ty == ty
+            && crate::tensor::row_major(view.sizes, Some(view.strides))
+        {
+            return Some(Ref::Value(v));
+        }
         self.box_of_reshape(v, view, ty.clone()).or_else(|| self.view_in_value_dims(v, view, ty))
     }
 
@@ -1511,15 +1522,19 @@ fn record(
         return ERROR;
     };
     let mut r = recorder();
-    let sig = match signature(key, args) {
-        Ok(s) => s,
-        Err(why) => {
-            let name = r.ops.get(&key).map(|o| o.name.clone());
-            return r.decline(name.as_deref().unwrap_or("?"), why);
+    // The signature is built in the recorder's scratch vector, kept for the next call.
+    let mut sig = std::mem::take(&mut r.sig_scratch);
+    if let Err(why) = signature(key, args, &mut sig) {
+        r.sig_scratch = sig;
+        let name = r.ops.get(&key).map(|o| o.name.clone());
+        return r.decline(name.as_deref().unwrap_or("?"), why);
+    }
+    let known = r.sigs.get(&sig).cloned();
+    let verdict = match known {
+        Some(v) => {
+            r.sig_scratch = sig;
+            v
         }
-    };
-    let verdict = match r.sigs.get(&sig) {
-        Some(v) => v.clone(),
         None => {
             let Some(info) = info else { return NEED_TYPES };
             r.stats.meta_runs += 1;
