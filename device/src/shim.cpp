@@ -1467,11 +1467,27 @@ torch::Library& library_for(const std::string& ns) {
 
 // PyTorch's generic kernels for a backend of its own (CompositeExplicitAutogradNonFunctional):
 // a structured op's functional form allocates its result on the device, then calls its out=
-// form, which reaches the fallback. Two calls at the key for one op: in fused mode the result
-// is a real device allocation the recorded call writes into, and a recording costs about twice
-// a direct one. The functional forms of those ops go to the fallback itself (the in-place ones
-// keep the generic kernel: it writes into `self` through the out= form). Registered once, the
-// first time the runtime is installed; a kernel bound to such an op replaces its entry.
+// form, which reaches the fallback. In fused mode that is two calls at the key for one op, the
+// result a real device allocation the recorded call writes into: a recording cost about twice
+// a direct one. The functional forms of those ops get a kernel at the key of their own
+// (`direct_functional_kernel`): in fused mode it records the functional call directly; else,
+// or when the recorder declines, it runs the same generic kernel as before, reached at a
+// backend key nobody registers (PrivateUse3), where the alias key put it. The in-place forms
+// keep the generic kernel: it writes into `self` through the out= form. Registered once, the
+// first time the runtime is installed; a kernel bound to such an op later replaces its entry.
+constexpr c10::DispatchKey kGenericKernelKey = c10::DispatchKey::PrivateUse3;
+
+void direct_functional_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                              torch::jit::Stack* stack) {
+  check_installed();
+  serial_on_engine_thread();
+  if (g_api->mode() == TPUK_MODE_RECORD) {
+    if (try_record(op, stack)) return;
+    materialise_for(op, *stack);
+  }
+  op.redispatchBoxed(c10::DispatchKeySet(kGenericKernelKey), stack);
+}
+
 std::unordered_map<c10::OperatorName, c10::RegistrationHandleRAII>& direct_functional() {
   static std::unordered_map<c10::OperatorName, c10::RegistrationHandleRAII> handles;
   return handles;
@@ -1484,8 +1500,12 @@ void register_direct_functional() {
     if (name.name.rfind("aten::", 0) != 0) continue;
     auto op = dispatcher.findOp(name);
     if (!op || !op->hasSchema()) continue;
+    // The generic kernel must be what the spare backend key computes to (nothing registered
+    // there directly).
     if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+        op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(kGenericKernelKey) ||
+        !op->hasComputedKernelForDispatchKey(kGenericKernelKey)) {
       continue;
     }
     const auto& schema = op->schema();
@@ -1502,7 +1522,7 @@ void register_direct_functional() {
     if (aliases || keep) continue;
     handles.emplace(name, dispatcher.registerImpl(
                               name, c10::DispatchKey::PrivateUse1,
-                              c10::KernelFunction::makeFromBoxedFunction<&counted_fallback>(),
+                              c10::KernelFunction::makeFromBoxedFunction<&direct_functional_kernel>(),
                               std::nullopt, nullptr, "tpu_kernels: direct functional form"));
   }
 }

@@ -263,10 +263,10 @@ def test_a_new_ops_kernel_runs_at_the_key():
 def test_a_kernel_registered_later_serves_the_device_from_the_next_call(cleanup):
     jax = pytest.importorskip("jax")
     x = torch.randn(8, 128)
-    # Before: the fallback runs the op (its functional form comes to the fallback directly).
-    before = _fell_back("aten::tanh.default")
+    # Before: the structured op's out= form runs in the fallback.
+    before = _fell_back("aten::tanh.out")
     torch.tanh(x.to("tpu"))
-    assert _fell_back("aten::tanh.default") == before + 1
+    assert _fell_back("aten::tanh.out") == before + 1
     def tanh(self):  # named as torch's schema names the argument
         return jax.numpy.tanh(self)
 
@@ -274,7 +274,7 @@ def test_a_kernel_registered_later_serves_the_device_from_the_next_call(cleanup)
     with no_fallbacks(kernels=["dev_tanh"]):
         y = torch.tanh(x.to("tpu"))
     torch.testing.assert_close(y.cpu(), torch.tanh(x))
-    assert _fell_back("aten::tanh.default") == before + 1
+    assert _fell_back("aten::tanh.out") == before + 1
     tk.unregister(k.name)
     with no_fallbacks(allow={"aten::tanh.default": "its kernel was removed"}) as ran:
         y = torch.tanh(x.to("tpu"))
@@ -418,10 +418,10 @@ def test_debug_mode_checks_every_op_on_the_device(device_mode):
     with pytest.raises(RuntimeError) as e:
         torch.log(x)
     message = str(e.value)
-    assert "tpu debug mode: aten::log.default (no kernel: PyTorch's CPU kernel on the device): output 0 has 1 NaN" in message
+    assert "tpu debug mode: aten::log.out (no kernel: PyTorch's CPU kernel on the device): output 0 has 1 NaN" in message
     assert f"test_device.py:{e.traceback[0].lineno + 1}" in message, message
     # Inf from finite inputs (log(0)) is meant as often as not: a warning, once per op and line.
-    with pytest.warns(RuntimeWarning, match=r"aten::log.default .*2 Inf values from finite inputs \(at .*test_device.py"):
+    with pytest.warns(RuntimeWarning, match=r"aten::log.out .*2 Inf values from finite inputs \(at .*test_device.py"):
         assert torch.log(torch.zeros(2, device="tpu")).isinf().all()
     # Kernels run and are checked; a model trains as in strict mode.
     cpu, tpu = _mlp(), _mlp().to("tpu")
@@ -503,7 +503,7 @@ def test_the_mode_comes_from_the_environment():
         env={"TPUK_MODE": "debug"},
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "caught: tpu debug mode: aten::sqrt.default" in r.stdout
+    assert "caught: tpu debug mode: aten::sqrt.out" in r.stdout
 
 
 def test_integer_histc_on_the_device_eager_and_compiled():

@@ -281,10 +281,10 @@ def test_a_trace_whose_shapes_keep_changing_stops_compiling_at_the_recompile_lim
 
 
 def _temporaries(x):
-    """A chain whose every result dies at the next call: `mul` reaches the device as `mul.out`
-    into memory PyTorch allocates, not a placeholder."""
+    """A chain whose every result dies at the next call, each `mul.out` into memory PyTorch
+    allocates on the device, not a placeholder."""
     for _ in range(24):
-        x = x * 1.01
+        x = torch.mul(x, 1.01, out=torch.empty_like(x))
     return x
 
 
