@@ -2029,6 +2029,10 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
             })
         })
     };
+    // The key's memory serves the next trace's key (taken above, so that it is not regrown
+    // from nothing, a reallocation at a time, while the next trace records).
+    key.clear();
+    r.key = key;
     match failed {
         Ok(()) => {
             r.stats.programs_run += 1;
