@@ -742,17 +742,23 @@ void materialise_for(const c10::OperatorHandle& op, const torch::jit::Stack& sta
   materialise(op_key(op));
 }
 
+// The entry of a boxed kernel at the key: in fused mode with the native recorder, true when
+// the recorder took the call; else, after flushing what the call needs, false (the caller runs
+// it).
+bool recorded_at_entry(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  check_installed();
+  serial_on_engine_thread();
+  if (g_api->mode() != TPUK_MODE_RECORD) return false;
+  if (try_record(op, stack)) return true;
+  materialise_for(op, *stack);
+  return false;
+}
 
 // Every op no kernel is registered for at the key: recorded in fused mode with the native
 // recorder when it takes the call; else counted, then the alias fallback.
 void counted_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                       torch::jit::Stack* stack) {
-  check_installed();
-  serial_on_engine_thread();
-  if (g_api->mode() == TPUK_MODE_RECORD) {
-    if (try_record(op, stack)) return;
-    materialise_for(op, *stack);
-  }
+  if (recorded_at_entry(op, stack)) return;
   std::string full = op_key(op);
   g_api->fell_back(reinterpret_cast<uintptr_t>(&op.schema()), full.data(), full.size());
   if (g_api->mode() != TPUK_MODE_DEBUG) {
@@ -1479,12 +1485,7 @@ constexpr c10::DispatchKey kGenericKernelKey = c10::DispatchKey::PrivateUse3;
 
 void direct_functional_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
                               torch::jit::Stack* stack) {
-  check_installed();
-  serial_on_engine_thread();
-  if (g_api->mode() == TPUK_MODE_RECORD) {
-    if (try_record(op, stack)) return;
-    materialise_for(op, *stack);
-  }
+  if (recorded_at_entry(op, stack)) return;
   op.redispatchBoxed(c10::DispatchKeySet(kGenericKernelKey), stack);
 }
 
