@@ -21,7 +21,8 @@
 //!   strict mode does). Device memory not pending is a program input, read in place at the
 //!   flush; while a trace is pending, memory an input reads does not go back to the allocator
 //!   (its free is deferred to the flush's end), so an input freed before the flush keeps its
-//!   bytes. Memory that only recorded calls wrote goes back when its storage dies.
+//!   bytes. The `self` of an op that takes only its type ([`SHAPE_ONLY_SELF`]: `x.zero_()`
+//!   into fresh memory) is not read: the program gets zeros, and its memory goes back at once. Memory that only recorded calls wrote goes back when its storage dies.
 //! - **The trace cache**: each recorded call appends its signature's id and its arguments'
 //!   references to the trace's key; the flush adds which values are live. A key seen before
 //!   runs its compiled program with no graph built, lowered or compiled.
@@ -126,7 +127,29 @@ static PENDING: AtomicBool = AtomicBool::new(false);
 struct OpInfo {
     name: String,
     arg_names: Vec<String>,
+    /// The op reads only its first argument's type, not its bytes (see [`SHAPE_ONLY_SELF`]).
+    shape_only_self: bool,
 }
+
+/// Ops whose result takes only the type of `self` (argument 0), never its elements: the
+/// functional forms of `zero_`, `fill_` and `copy_` (the in-place call's destination), and the
+/// `_like` and `new_` creators. `x = torch.empty(..); x.zero_()` records `zero(x)` into `x`:
+/// `x`'s memory is then no program input, so its free during the trace is not deferred to the
+/// flush (strict mode's peak memory), and the program never reads its stale bytes.
+const SHAPE_ONLY_SELF: &[&str] = &[
+    "aten::zero.default",
+    "aten::fill.Scalar",
+    "aten::fill.Tensor",
+    "aten::copy.default",
+    "aten::zeros_like.default",
+    "aten::ones_like.default",
+    "aten::full_like.default",
+    "aten::empty_like.default",
+    "aten::new_zeros.default",
+    "aten::new_ones.default",
+    "aten::new_full.default",
+    "aten::new_empty.default",
+];
 
 /// What the cache says of one signature.
 #[derive(Debug)]
@@ -230,6 +253,10 @@ struct ExtInput {
     /// A strided input (not dense in any order): its element sizes and strides, gathered into a
     /// dense copy at the flush.
     gather: Option<(Vec<i64>, Vec<i64>)>,
+    /// Only its type is used (the `self` of a [`SHAPE_ONLY_SELF`] op): the program is given
+    /// zeros of its size, and its memory may be freed and reused before the flush. Holds the
+    /// bytes its view spans, which a replay's call gets as scratch memory.
+    unread: Option<usize>,
 }
 
 /// A free waiting for the flush.
@@ -803,7 +830,7 @@ impl Recorder {
 
     /// What a device tensor argument is (a recorded value, or an input read in place; a
     /// reshape or permute of one), or why it cannot be recorded (a view of pending memory).
-    fn resolve(&mut self, i: usize, a: &TpukArg) -> Result<ArgRef, String> {
+    fn resolve(&mut self, i: usize, a: &TpukArg, unread: bool) -> Result<ArgRef, String> {
         let ty = tensor_type(i, a)?;
         let sizes = tensor_dims(a).to_vec();
         let strides = tensor_strides(a).to_vec();
@@ -835,17 +862,39 @@ impl Recorder {
                 })?;
             return Ok(ArgRef { graph, base: Ref::Value(v), sizes, strides, offset });
         }
-        let Some(order) = dense_order(&sizes, &strides) else {
-            // A strided view of memory no recorded call writes: gathered at the flush.
-            let gather = Some((sizes.clone(), strides.clone()));
+        if unread {
+            // Only its type is used: an input of its logical type, given zeros at the flush.
+            let last: i64 = sizes.iter().zip(&strides).map(|(&n, &st)| (n - 1).max(0) * st).sum();
+            let span = Some(bytes.max((last as usize + 1) * esize));
             let k = match self
                 .inputs
                 .iter()
-                .position(|x| x.addr == addr && x.ty == ty && x.gather == gather)
+                .position(|x| x.unread == span && x.addr == addr && x.ty == ty)
             {
                 Some(k) => k,
                 None => {
-                    self.inputs.push(ExtInput { addr, ty: ty.clone(), bytes, gather });
+                    self.inputs.push(ExtInput { addr, ty, bytes, gather: None, unread: span });
+                    self.inputs.len() - 1
+                }
+            };
+            let base = Ref::Input(k);
+            return Ok(ArgRef { graph: base, base, sizes, strides, offset: 0 });
+        }
+        let Some(order) = dense_order(&sizes, &strides) else {
+            // A strided view of memory no recorded call writes: gathered at the flush.
+            let gather = Some((sizes.clone(), strides.clone()));
+            let k = match self.inputs.iter().position(|x| {
+                x.unread.is_none() && x.addr == addr && x.ty == ty && x.gather == gather
+            }) {
+                Some(k) => k,
+                None => {
+                    self.inputs.push(ExtInput {
+                        addr,
+                        ty: ty.clone(),
+                        bytes,
+                        gather,
+                        unread: None,
+                    });
                     self.inputs.len() - 1
                 }
             };
@@ -861,14 +910,12 @@ impl Recorder {
         // permuted back.
         let stored: Vec<u64> = order.iter().map(|&d| sizes[d].max(0) as u64).collect();
         let base_ty = TensorType::new(ty.dtype, Shape::of(&stored));
-        let k = match self
-            .inputs
-            .iter()
-            .position(|x| x.addr == addr && x.ty == base_ty && x.gather.is_none())
-        {
+        let k = match self.inputs.iter().position(|x| {
+            x.unread.is_none() && x.addr == addr && x.ty == base_ty && x.gather.is_none()
+        }) {
             Some(k) => k,
             None => {
-                self.inputs.push(ExtInput { addr, ty: base_ty, bytes, gather: None });
+                self.inputs.push(ExtInput { addr, ty: base_ty, bytes, gather: None, unread: None });
                 self.inputs.len() - 1
             }
         };
@@ -1332,6 +1379,7 @@ fn builtin(k: usize) -> Arc<OpInfo> {
             Arc::new(OpInfo {
                 name: (*name).to_owned(),
                 arg_names: args.iter().map(|a| (*a).to_owned()).collect(),
+                shape_only_self: false,
             })
         })
         .collect()
@@ -1542,8 +1590,10 @@ fn record(
                 Some(o) => o.clone(),
                 None => {
                     let names = text(info.arg_names, info.arg_names_len);
+                    let name = text(info.name, info.name_len);
                     let op = Arc::new(OpInfo {
-                        name: text(info.name, info.name_len),
+                        shape_only_self: SHAPE_ONLY_SELF.contains(&name.as_str()),
+                        name,
                         arg_names: names.split_terminator('\n').map(str::to_owned).collect(),
                     });
                     r.ops.insert(key, op.clone());
@@ -1598,7 +1648,7 @@ fn record(
                     list.push(None);
                     continue;
                 }
-                match r.resolve(i, e) {
+                match r.resolve(i, e, false) {
                     Ok(rf) => refs.push(Some(rf)),
                     Err(m) => {
                         r.rollback(mark);
@@ -1611,7 +1661,11 @@ fn record(
             continue;
         }
         let on_device = a.kind == KIND_TENSOR && a.device == ON_TPU;
-        let resolved = if on_device { r.resolve(i, a).map(Some) } else { Ok(None) };
+        let resolved = if on_device {
+            r.resolve(i, a, i == 0 && op.shape_only_self).map(Some)
+        } else {
+            Ok(None)
+        };
         let arg = match &resolved {
             Ok(Some(_)) => Ok(Arg::Tensor(TensorRef::new(String::new()))),
             Ok(None) => static_arg(i, a),
@@ -1882,7 +1936,7 @@ impl Recorder {
 
     /// Whether an input of the pending trace reads memory in `[start, end)`.
     fn reads(&self, start: usize, end: usize) -> bool {
-        self.inputs.iter().any(|x| {
+        self.inputs.iter().filter(|x| x.unread.is_none()).any(|x| {
             let extent = match &x.gather {
                 Some((sizes, strides)) => {
                     let last: i64 =
@@ -1918,11 +1972,13 @@ unsafe fn host_inputs<'a>(
     r: &'a Recorder,
     live: &'a [usize],
     gathered: &'a [Option<Vec<u8>>],
+    zeros: &'a [u8],
 ) -> Vec<HostTensor<'a>> {
     let mut host = Vec::with_capacity(r.inputs.len() + r.lifted.len() + live.len());
     for (x, g) in r.inputs.iter().zip(gathered) {
         let data = match g {
             Some(bytes) => bytes.as_slice(),
+            None if x.unread.is_some() => &zeros[..x.bytes],
             // SAFETY: the caller's contract: the input's bytes are alive.
             None => unsafe { std::slice::from_raw_parts(x.addr as *const u8, x.bytes) },
         };
@@ -2077,9 +2133,12 @@ fn run_entry(rt: &Runtime, r: &Recorder, e: &Entry, live: &[usize]) -> Result<()
             })
         })
         .collect();
+    // The inputs only a type is taken of share one buffer of zeros.
+    let unread = r.inputs.iter().filter(|x| x.unread.is_some()).map(|x| x.bytes).max();
+    let zeros = vec![0u8; unread.unwrap_or(0)];
     // SAFETY: device memory stays alive while the trace is pending; the lent blocks are live
     // placeholders', written by this program alone.
-    let host = unsafe { host_inputs(r, live, &gathered) };
+    let host = unsafe { host_inputs(r, live, &gathered, &zeros) };
     // SAFETY: each loan is a lent value's block (see above), which no other input shares.
     let run = unsafe { e.program.run_lent(rt, &host, &e.loans) }?;
     for (j, out) in run.outputs.into_iter().enumerate() {
@@ -2102,6 +2161,7 @@ fn run_entry(rt: &Runtime, r: &Recorder, e: &Entry, live: &[usize]) -> Result<()
 fn replay(r: &mut Recorder) -> Result<(), String> {
     let Some(h) = hooks() else { return Err("the shim keeps no calls".to_owned()) };
     let mut scratch: HashMap<usize, HostBlock> = HashMap::new();
+    let mut unread: HashMap<usize, HostBlock> = HashMap::new();
     let mut replayed = 0u64;
     let result = (|| {
         for v in 0..r.values.len() {
@@ -2111,6 +2171,14 @@ fn replay(r: &mut Recorder) -> Result<(), String> {
                     .allocate(numel(ty) * ty.dtype.byte_size())
                     .map_err(|e| e.to_string())?;
                 scratch.insert(v, b);
+            }
+        }
+        // An input only a type is taken of may have been freed and reused: the call gets
+        // scratch memory of its size instead.
+        for (k, x) in r.inputs.iter().enumerate() {
+            if let Some(span) = x.unread {
+                let b = HostPool::global().allocate(span).map_err(|e| e.to_string())?;
+                unread.insert(k, b);
             }
         }
         let at = |v: usize| -> usize {
@@ -2126,7 +2194,10 @@ fn replay(r: &mut Recorder) -> Result<(), String> {
             for rf in n.refs.iter().flatten() {
                 let (dtype, addr) = match rf.base {
                     Ref::Value(v) => (r.values[v].ty.dtype, at(v) + rf.offset),
-                    Ref::Input(k) => (r.inputs[k].ty.dtype, r.inputs[k].addr + rf.offset),
+                    Ref::Input(k) => {
+                        let addr = unread.get(&k).map_or(r.inputs[k].addr, |b| b.as_ptr() as usize);
+                        (r.inputs[k].ty.dtype, addr + rf.offset)
+                    }
                     // The kept call holds the float itself.
                     Ref::Lifted(_) => continue,
                 };
@@ -2196,7 +2267,7 @@ fn replay(r: &mut Recorder) -> Result<(), String> {
         Ok(())
     })();
     r.stats.replayed_calls += replayed;
-    for (_, b) in scratch {
+    for (_, b) in scratch.into_iter().chain(unread) {
         device::free_block(b);
     }
     result
