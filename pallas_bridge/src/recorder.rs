@@ -381,10 +381,10 @@ pub(crate) fn release_placeholder(p: Placeholder) {
             device::free_block(p.0);
             return;
         }
-        if !r.nodes.is_empty() {
-            r.deferred.push(Deferred::Block(p.0));
-            return;
-        }
+        // An earlier trace's placeholder, now memory like any other: held for the flush only
+        // when an input of this trace reads it.
+        drop(r);
+        return free_or_defer(p.0);
     }
     device::free_block(p.0);
 }
