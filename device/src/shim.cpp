@@ -378,7 +378,18 @@ at::Tensor tpu_copy_from_and_resize(const at::Tensor& self, const at::Tensor& ds
   return dst;
 }
 
+TpukArg tensor_arg(const at::Tensor& t);
+
 at::Scalar tpu_local_scalar_dense(const at::Tensor& self) {
+  if (g_api != nullptr && g_api->mode() == TPUK_MODE_RECORD && self.numel() == 1) {
+    // A value the pending trace can give exactly, without running it.
+    at::Tensor host = at::empty({}, self.options().device(at::kCPU));
+    const TpukArg arg = tensor_arg(self);
+    const int32_t rc =
+        g_api->scalar(&arg, static_cast<uint8_t*>(host.data_ptr()), host.nbytes());
+    TORCH_CHECK(rc != TPUK_ERROR, last_message());
+    if (rc == TPUK_RAN) return at::native::_local_scalar_dense_cpu(host);
+  }
   materialise("item");
   return at::native::_local_scalar_dense_cpu(cpu_alias(self));
 }

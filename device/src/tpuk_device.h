@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TPUK_DEVICE_ABI 5
+#define TPUK_DEVICE_ABI 6
 #define TPUK_MAX_RANK 16
 
 // What one argument of an op call is (`TpukArg::kind`).
@@ -161,4 +161,9 @@ typedef struct {
   void (*retire)(void* ctx, void (*drop)(void*));
   // Hands over the shim's recording hooks.
   void (*connect)(const TpukRecordHooks* hooks);
+  // Fused mode with the native recorder: the value of the one-element device tensor `self`
+  // (what `.item()` reads) into `out` (`len` bytes, its element size) without running the
+  // pending trace, when it is known exactly. TPUK_RAN: `out` holds it; TPUK_DECLINED: flush
+  // first; TPUK_ERROR.
+  int32_t (*scalar)(const TpukArg* self, uint8_t* out, size_t len);
 } TpukDeviceApi;

@@ -33,7 +33,7 @@ use crate::torch_bridge::{runtime, runtime_if_ready};
 
 // ----- the C ABI (mirrors device/src/tpuk_device.h) -----
 
-const ABI: u32 = 5;
+const ABI: u32 = 6;
 const MAX_RANK: usize = 16;
 
 pub(crate) const KIND_NONE: i32 = 0;
@@ -146,6 +146,7 @@ pub struct TpukDeviceApi {
     flush: extern "C" fn(*const c_char, usize) -> i32,
     retire: extern "C" fn(*mut c_void, extern "C" fn(*mut c_void)),
     connect: extern "C" fn(*const crate::recorder::TpukRecordHooks),
+    scalar: extern "C" fn(*const TpukArg, *mut u8, usize) -> i32,
 }
 
 static API: TpukDeviceApi = TpukDeviceApi {
@@ -165,6 +166,7 @@ static API: TpukDeviceApi = TpukDeviceApi {
     flush: crate::recorder::api_flush,
     retire: crate::recorder::api_retire,
     connect: crate::recorder::api_connect,
+    scalar: api_scalar,
 };
 
 thread_local! {
@@ -803,6 +805,30 @@ extern "C" fn api_record(
     })
 }
 
+/// `TpukDeviceApi::scalar`: see [`crate::recorder::scalar_read`].
+extern "C" fn api_scalar(arg: *const TpukArg, out: *mut u8, len: usize) -> i32 {
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        if arg.is_null() || out.is_null() {
+            return Ok(false);
+        }
+        // SAFETY: the shim passes one argument and a buffer of `len` bytes for the answer.
+        let (arg, out) = unsafe { (&*arg, std::slice::from_raw_parts_mut(out, len)) };
+        crate::recorder::scalar_read(arg, out)
+    }));
+    match result {
+        Ok(Ok(true)) => RAN,
+        Ok(Ok(false)) => DECLINED,
+        Ok(Err(m)) => {
+            set_message(format!("tpu fused mode: {m}"));
+            ERROR
+        }
+        Err(_) => {
+            set_message("internal error: the tpu device's scalar read panicked".to_owned());
+            ERROR
+        }
+    }
+}
+
 // ----- accounting -----
 
 /// Calls that ran in the CPU fallback, and calls of bound ops the device declined before the
@@ -1338,6 +1364,8 @@ pub(crate) fn device_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     rec.set_item("replayed_calls", st.replayed_calls)?;
     rec.set_item("limit_replays", st.limit_replays)?;
     rec.set_item("last_limit", st.last_limit)?;
+    rec.set_item("scalar_reads", st.scalar_reads)?;
+    rec.set_item("scalar_read_calls", st.scalar_read_calls)?;
     rec.set_item("recompile_limit", crate::recorder::recompile_limit())?;
     rec.set_item("record_time_s", st.record_nanos as f64 / 1e9)?;
     rec.set_item("flush_time_s", st.flush_nanos as f64 / 1e9)?;

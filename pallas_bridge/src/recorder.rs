@@ -4,7 +4,8 @@
 //! the kernels at the key and the boxed fallback alike. A call the recorder takes is not run:
 //! its outputs are placeholders, tensors over blocks of the caching allocator that nothing has
 //! written yet, and the call joins the pending trace. At a materialisation point (a call the
-//! recorder declines, a copy to the host, `.item()`, the bridge importing a device tensor,
+//! recorder declines, a copy to the host, `.item()` of a value not known exactly (see
+//! [`scalar_read`]), the bridge importing a device tensor,
 //! `torch.tpu.synchronize()`, a change of mode) [`flush`] lowers the trace to one graph program
 //! through the same graph lowering the compiled path uses, and runs it with the memory of each
 //! placeholder still referenced lent to the program as that output's destination: a placeholder
@@ -310,6 +311,9 @@ pub(crate) struct Stats {
     /// Misses replayed on PyTorch because their structure reached the recompile limit.
     pub(crate) limit_replays: u64,
     pub(crate) last_limit: String,
+    /// Scalar reads answered without a flush ([`scalar_read`]), and the calls they replayed.
+    pub(crate) scalar_reads: u64,
+    pub(crate) scalar_read_calls: u64,
 }
 
 /// Programs compiled for one trace structure before its later misses replay instead:
@@ -2160,117 +2164,236 @@ fn run_entry(rt: &Runtime, r: &Recorder, e: &Entry, live: &[usize]) -> Result<()
 /// into its placeholder's block, or a scratch block for a value nobody holds.
 fn replay(r: &mut Recorder) -> Result<(), String> {
     let Some(h) = hooks() else { return Err("the shim keeps no calls".to_owned()) };
-    let mut scratch: HashMap<usize, HostBlock> = HashMap::new();
-    let mut unread: HashMap<usize, HostBlock> = HashMap::new();
+    let mut mem = ReplayMemory::default();
     let mut replayed = 0u64;
     let result = (|| {
         for v in 0..r.values.len() {
             if r.values[v].freed {
-                let ty = &r.values[v].ty;
-                let b = HostPool::global()
-                    .allocate(numel(ty) * ty.dtype.byte_size())
-                    .map_err(|e| e.to_string())?;
-                scratch.insert(v, b);
+                mem.scratch(v, &r.values[v].ty)?;
             }
         }
-        // An input only a type is taken of may have been freed and reused: the call gets
-        // scratch memory of its size instead.
-        for (k, x) in r.inputs.iter().enumerate() {
-            if let Some(span) = x.unread {
-                let b = HostPool::global().allocate(span).map_err(|e| e.to_string())?;
-                unread.insert(k, b);
+        mem.unread_inputs(r)?;
+        for i in 0..r.nodes.len() {
+            if replay_call(r, &h, i, &mem, false)? {
+                replayed += 1;
             }
-        }
-        let at = |v: usize| -> usize {
-            let mut v = v;
-            while let Home::Alias(src) = r.values[v].home {
-                v = src;
-            }
-            scratch.get(&v).map_or_else(|| r.home_of(v), |b| b.as_ptr() as usize)
-        };
-        for (i, n) in r.nodes.iter().enumerate() {
-            let Some(kept) = &n.kept else { continue };
-            let mut tensors: Vec<TpukArg> = Vec::new();
-            for rf in n.refs.iter().flatten() {
-                let (dtype, addr) = match rf.base {
-                    Ref::Value(v) => (r.values[v].ty.dtype, at(v) + rf.offset),
-                    Ref::Input(k) => {
-                        let addr = unread.get(&k).map_or(r.inputs[k].addr, |b| b.as_ptr() as usize);
-                        (r.inputs[k].ty.dtype, addr + rf.offset)
-                    }
-                    // The kept call holds the float itself.
-                    Ref::Lifted(_) => continue,
-                };
-                let code = device::code_of_dtype(dtype).unwrap_or(-1);
-                tensors.push(device::tensor_arg(
-                    code,
-                    addr as *const c_void,
-                    &rf.sizes,
-                    &rf.strides,
-                ));
-            }
-            let geometry: Vec<(Vec<i64>, Vec<i64>)> = n
-                .outs
-                .iter()
-                .map(|&v| {
-                    r.values[v].view.clone().unwrap_or_else(|| {
-                        let d: Vec<i64> = r.values[v]
-                            .ty
-                            .shape
-                            .static_dims()
-                            .unwrap_or_default()
-                            .iter()
-                            .map(|&x| x as i64)
-                            .collect();
-                        let st = crate::torch_bridge::compact_strides(&d);
-                        (d, st)
-                    })
-                })
-                .collect();
-            let outs: Vec<TpukArg> = n
-                .outs
-                .iter()
-                .zip(&geometry)
-                .map(|(&v, (d, st))| {
-                    let code = device::code_of_dtype(r.values[v].ty.dtype).unwrap_or(-1);
-                    let addr = if r.values[v].view.is_some() {
-                        match r.values[v].home {
-                            Home::Block(a) => a,
-                            _ => at(v),
-                        }
-                    } else {
-                        at(v)
-                    };
-                    device::tensor_arg(code, addr as *const c_void, d, st)
-                })
-                .collect();
-            let mut err = [0u8; 512];
-            let rc = (h.replay)(
-                kept.0,
-                tensors.as_ptr(),
-                tensors.len(),
-                outs.as_ptr(),
-                outs.len(),
-                err.as_mut_ptr().cast(),
-                err.len(),
-            );
-            if rc != RECORDED {
-                let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
-                return Err(format!(
-                    "call {i} ({}): {}",
-                    n.op.name,
-                    String::from_utf8_lossy(&err[..end])
-                ));
-            }
-            replayed += 1;
         }
         Ok(())
     })();
     r.stats.replayed_calls += replayed;
-    for (_, b) in scratch.into_iter().chain(unread) {
-        device::free_block(b);
-    }
     result
+}
+
+/// Scratch memory of replayed calls: for values (by the value whose block they would have
+/// lived in), and for inputs only a type is taken of, which may have been freed and reused.
+/// Goes back to the allocator when dropped.
+#[derive(Default)]
+struct ReplayMemory {
+    values: HashMap<usize, HostBlock>,
+    unread: HashMap<usize, HostBlock>,
+}
+
+impl ReplayMemory {
+    fn scratch(&mut self, v: usize, ty: &TensorType) -> Result<(), String> {
+        let b = HostPool::global()
+            .allocate(numel(ty) * ty.dtype.byte_size())
+            .map_err(|e| e.to_string())?;
+        self.values.insert(v, b);
+        Ok(())
+    }
+
+    fn unread_inputs(&mut self, r: &Recorder) -> Result<(), String> {
+        for (k, x) in r.inputs.iter().enumerate() {
+            if let Some(span) = x.unread {
+                let b = HostPool::global().allocate(span).map_err(|e| e.to_string())?;
+                self.unread.insert(k, b);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ReplayMemory {
+    fn drop(&mut self) {
+        for (_, b) in self.values.drain().chain(self.unread.drain()) {
+            device::free_block(b);
+        }
+    }
+}
+
+/// The value whose memory `v` is (through its reshapes and permutes).
+fn root(r: &Recorder, mut v: usize) -> usize {
+    while let Home::Alias(src) = r.values[v].home {
+        v = src;
+    }
+    v
+}
+
+/// Replays recorded call `i` on PyTorch's CPU kernels through the shim: `false` for a node the
+/// recorder added (a reshape: its readers read its base). Its outputs go where their values
+/// live (or their scratch), through the view a call wrote them by; `dense`: each into its
+/// scratch block, dense (a scalar read).
+fn replay_call(
+    r: &Recorder,
+    h: &TpukRecordHooks,
+    i: usize,
+    mem: &ReplayMemory,
+    dense: bool,
+) -> Result<bool, String> {
+    let n = &r.nodes[i];
+    let Some(kept) = &n.kept else { return Ok(false) };
+    let at = |v: usize| -> usize {
+        let v = root(r, v);
+        mem.values.get(&v).map_or_else(|| r.home_of(v), |b| b.as_ptr() as usize)
+    };
+    let mut tensors: Vec<TpukArg> = Vec::new();
+    for rf in n.refs.iter().flatten() {
+        let (dtype, addr) = match rf.base {
+            Ref::Value(v) => (r.values[v].ty.dtype, at(v) + rf.offset),
+            Ref::Input(k) => {
+                let addr = mem.unread.get(&k).map_or(r.inputs[k].addr, |b| b.as_ptr() as usize);
+                (r.inputs[k].ty.dtype, addr + rf.offset)
+            }
+            // The kept call holds the float itself.
+            Ref::Lifted(_) => continue,
+        };
+        let code = device::code_of_dtype(dtype).unwrap_or(-1);
+        tensors.push(device::tensor_arg(code, addr as *const c_void, &rf.sizes, &rf.strides));
+    }
+    let through_view = |v: usize| if dense { None } else { r.values[v].view.as_ref() };
+    let geometry: Vec<(Vec<i64>, Vec<i64>)> = n
+        .outs
+        .iter()
+        .map(|&v| {
+            through_view(v).cloned().unwrap_or_else(|| {
+                let d = dims_i64(&r.values[v].ty);
+                let st = crate::torch_bridge::compact_strides(&d);
+                (d, st)
+            })
+        })
+        .collect();
+    let outs: Vec<TpukArg> = n
+        .outs
+        .iter()
+        .zip(&geometry)
+        .map(|(&v, (d, st))| {
+            let code = device::code_of_dtype(r.values[v].ty.dtype).unwrap_or(-1);
+            let addr = match (through_view(v), r.values[v].home) {
+                (Some(_), Home::Block(a)) => a,
+                _ => at(v),
+            };
+            device::tensor_arg(code, addr as *const c_void, d, st)
+        })
+        .collect();
+    let mut err = [0u8; 512];
+    let rc = (h.replay)(
+        kept.0,
+        tensors.as_ptr(),
+        tensors.len(),
+        outs.as_ptr(),
+        outs.len(),
+        err.as_mut_ptr().cast(),
+        err.len(),
+    );
+    if rc != RECORDED {
+        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+        return Err(format!("call {i} ({}): {}", n.op.name, String::from_utf8_lossy(&err[..end])));
+    }
+    Ok(true)
+}
+
+/// At most this many recorded calls are replayed to answer a scalar read without a flush.
+const SCALAR_READ_CALLS: usize = 16;
+
+/// The value of a one-element device tensor (what `.item()` reads) without running the
+/// pending trace, when it is known exactly. Memory no recorded call writes holds its value
+/// already. A pending value that at most [`SCALAR_READ_CALLS`] recorded calls compute, each
+/// with integer or boolean outputs only, is replayed on PyTorch's CPU kernels into scratch
+/// memory: exact there as in the program, so the trace goes on and computes the same value at
+/// its flush. A mask's `.all()` that drives Python control flow (transformers' attention masks)
+/// then ends no trace. `Ok(false)`: the read must flush.
+pub(crate) fn scalar_read(a: &TpukArg, out: &mut [u8]) -> Result<bool, String> {
+    if !PENDING.load(Ordering::Acquire) {
+        return Ok(false);
+    }
+    let Some(h) = hooks() else { return Ok(false) };
+    let mut r = recorder();
+    if r.nodes.is_empty() || a.kind != KIND_TENSOR || a.device != ON_TPU {
+        return Ok(false);
+    }
+    let ty = tensor_type(0, a)?;
+    if numel(&ty) != 1 || out.len() != ty.dtype.byte_size() {
+        return Ok(false);
+    }
+    // Resolving may add reshape nodes and inputs to the trace: taken back below.
+    let mark = (r.nodes.len(), r.values.len(), r.inputs.len(), r.key.len(), r.lifted.len());
+    let answer = match r.resolve(0, a, false) {
+        Ok(rf) => exact_scalar(&r, &h, &rf, out),
+        Err(_) => None,
+    };
+    r.rollback(mark);
+    let Some(calls) = answer else { return Ok(false) };
+    r.stats.scalar_reads += 1;
+    r.stats.scalar_read_calls += calls;
+    Ok(true)
+}
+
+/// [`scalar_read`]'s answer into `out`: the number of calls replayed, or None.
+fn exact_scalar(r: &Recorder, h: &TpukRecordHooks, rf: &ArgRef, out: &mut [u8]) -> Option<u64> {
+    let v = match rf.base {
+        Ref::Input(k) => {
+            // SAFETY: device memory no recorded call writes, alive while the trace is pending;
+            // the argument's element lies `offset` bytes into it.
+            let src = unsafe {
+                std::slice::from_raw_parts((r.inputs[k].addr + rf.offset) as *const u8, out.len())
+            };
+            out.copy_from_slice(src);
+            return Some(0);
+        }
+        Ref::Value(v) => root(r, v),
+        Ref::Lifted(_) => return None,
+    };
+    // The calls the value depends on, each exact on PyTorch.
+    let mut need = std::collections::BTreeSet::new();
+    let mut stack = vec![v];
+    while let Some(v) = stack.pop() {
+        if !matches!(r.values[v].home, Home::Block(_)) {
+            return None;
+        }
+        let i = r.values[v].node;
+        if !need.insert(i) {
+            continue;
+        }
+        let n = &r.nodes[i];
+        if need.len() > SCALAR_READ_CALLS || n.kept.is_none() {
+            return None;
+        }
+        if n.outs.iter().any(|&o| r.values[o].view.is_some() || r.values[o].ty.dtype.is_float()) {
+            return None;
+        }
+        for rf in n.refs.iter().flatten() {
+            match rf.base {
+                Ref::Value(u) => stack.push(root(r, u)),
+                Ref::Input(_) => {}
+                Ref::Lifted(_) => return None,
+            }
+        }
+    }
+    let mut mem = ReplayMemory::default();
+    for &i in &need {
+        for &o in &r.nodes[i].outs {
+            mem.scratch(o, &r.values[o].ty).ok()?;
+        }
+    }
+    mem.unread_inputs(r).ok()?;
+    for &i in &need {
+        // A call that fails here fails in the flush too, which reports it.
+        replay_call(r, h, i, &mem, true).ok()?;
+    }
+    let at = mem.values.get(&v)?.as_ptr() as usize + rf.offset;
+    // SAFETY: the value's scratch block holds it densely; the element lies `offset` bytes in.
+    out.copy_from_slice(unsafe { std::slice::from_raw_parts(at as *const u8, out.len()) });
+    Some(need.len() as u64)
 }
 
 pub(crate) extern "C" fn api_flush(reason: *const c_char, len: usize) -> i32 {

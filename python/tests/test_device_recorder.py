@@ -372,6 +372,44 @@ def test_a_replayed_trace_gives_overwritten_memory_scratch_of_its_own(native):
     torch.testing.assert_close(y.cpu(), _overwritten(x))
 
 
+def _mask_branch(x, mask):
+    """A transformers attention mask's check: `.all()` of an integer mask drives Python control
+    flow in the middle of a step."""
+    y = x * 2.0
+    if torch.all(mask == 1):
+        y = y + 1.0
+    else:
+        y = y.masked_fill(mask == 0, -5.0)
+    return y * 3.0
+
+
+@pytest.mark.parametrize("all_ones", [True, False])
+def test_an_exact_scalar_read_is_answered_without_ending_the_trace(native, all_ones):
+    x = torch.randn(4, 6)
+    mask = torch.ones(4, 6, dtype=torch.int64)
+    if not all_ones:
+        mask[1, 2] = 0
+    before = _rec()
+    _in_one_program(_mask_branch, x, mask)
+    d = _delta(before, _rec(), "scalar_reads", "scalar_read_calls")
+    # The second call ran on the device: `mask == 1` and `all`, replayed on PyTorch.
+    assert d == {"scalar_reads": 1, "scalar_read_calls": 2}, d
+
+
+def test_a_scalar_read_of_unwritten_memory_reads_it_and_a_float_one_flushes(native):
+    xt = torch.arange(6.0).reshape(2, 3).to("tpu")
+    n = torch.tensor(4, dtype=torch.int64).to("tpu")
+    torch.tpu.synchronize()
+    before = _rec()
+    y = xt * 2.0
+    assert int(n) == 4  # memory no recorded call writes: read as it is
+    d = _delta(before, _rec(), "scalar_reads", "scalar_read_calls", "flushes")
+    assert d == {"scalar_reads": 1, "scalar_read_calls": 0, "flushes": 0}, d
+    assert float(y.sum()) == 30.0  # a float computed by the trace: the trace runs first
+    d = _delta(before, _rec(), "scalar_reads", "flushes", "programs_run")
+    assert d == {"scalar_reads": 1, "flushes": 1, "programs_run": 1}, d
+
+
 def _positions(x):
     """T5's relative positions: `arange` (PyTorch hands it to the device as `arange.start_out`
     into an empty tensor) and `abs` into an empty out= tensor, then float ramps."""
