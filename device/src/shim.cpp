@@ -955,7 +955,9 @@ void* keep_call(void* call) noexcept {
         int64_t j = 0;
         auto add = [&](const std::optional<at::Tensor>& t) {
           if (t.has_value() && on_device(*t)) entries.push_back(j);
-          holes.push_back(t.has_value() && !on_device(*t) ? t : std::nullopt);
+          // A CPU tensor (indices) is kept as it is now: the call may write it after.
+          const bool cpu = t.has_value() && t->defined() && !on_device(*t);
+          holes.push_back(cpu ? std::optional<at::Tensor>(t->clone()) : std::nullopt);
           ++j;
         };
         if (v.isTensorList()) {
@@ -1390,6 +1392,7 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
       args[i].kind = TPUK_TENSOR_LIST;
       args[i].data = scratch.lists.back().data();
       args[i].len = static_cast<int32_t>(scratch.lists.back().size());
+      args[i].i = v.isOptionalTensorList() ? 1 : 0;
     }
   }
   std::vector<TpukArg> into;

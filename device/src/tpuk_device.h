@@ -31,7 +31,7 @@ enum {
   TPUK_MEMORY_FORMAT = 11,
   TPUK_DEVICE = 12,
   // Only in `record`: a list of tensors (`Tensor[]`, `Tensor?[]`); `data` points to `len`
-  // TpukArgs, each a tensor or TPUK_NONE.
+  // TpukArgs, each a tensor or TPUK_NONE; `i` is 1 for `Tensor?[]` (indices), else 0.
   TPUK_TENSOR_LIST = 13,
 };
 

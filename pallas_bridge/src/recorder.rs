@@ -22,7 +22,8 @@
 //!   strict mode does). Device memory not pending is a program input, read in place at the
 //!   flush; while a trace is pending, memory an input reads does not go back to the allocator
 //!   (its free is deferred to the flush's end), so an input freed before the flush keeps its
-//!   bytes. The `self` of an op that takes only its type ([`SHAPE_ONLY_SELF`]: `x.zero_()`
+//!   bytes. Integer indices on the CPU in an index list are copied into a program input at the
+//!   call ([`cpu_indices`]). The `self` of an op that takes only its type ([`SHAPE_ONLY_SELF`]: `x.zero_()`
 //!   into fresh memory) is not read: the program gets zeros, and its memory goes back at once. Memory that only recorded calls wrote goes back when its storage dies.
 //! - **The trace cache**: each recorded call appends its signature's id and its arguments'
 //!   references to the trace's key; the flush adds which values are live. A key seen before
@@ -540,9 +541,16 @@ fn signature(key: usize, args: &[TpukArg], sig: &mut Vec<i64>) -> Result<(), Str
                                 format!("argument {i}'s tensor {j}")
                             })?
                         }
+                        KIND_TENSOR if a.i == 1 && cpu_indices(e) => {
+                            sig.push(-1);
+                            device_tensor_signature(sig, e, || {
+                                format!("argument {i}'s tensor {j}")
+                            })?
+                        }
                         _ => {
                             return Err(format!(
-                                "argument {i}'s tensor {j} is not on the tpu device"
+                                "argument {i}'s tensor {j} is not on the tpu device (nor \
+                                 integer indices on the CPU)"
                             ));
                         }
                     }
@@ -594,6 +602,16 @@ fn device_tensor_signature(
     sig.push(dims.len() as i64);
     sig.extend_from_slice(dims);
     Ok(())
+}
+
+/// Whether an entry of a `Tensor?[]` list is integer indices on the CPU, which PyTorch lets index a
+/// device tensor (`x[:, torch.tensor([0, 2])]`, DLRM's pairs of its interaction): the recorder
+/// copies them into a program input (their bytes are the call's, not the flush's).
+fn cpu_indices(e: &TpukArg) -> bool {
+    e.kind == KIND_TENSOR
+        && e.device == device::ON_CPU
+        && !e.data.is_null()
+        && matches!(device::dtype_of_code(e.dtype), Some(DType::I64 | DType::I32))
 }
 
 /// A 0-dim CPU tensor argument (a Python number PyTorch wrapped, or a scalar tensor) as the
@@ -1650,6 +1668,37 @@ fn record(
                 if e.kind == KIND_NONE {
                     refs.push(None);
                     list.push(None);
+                    continue;
+                }
+                if a.i == 1 && cpu_indices(e) {
+                    // Copied now: a program input, as a lifted float is.
+                    let ty = match tensor_type(i, e) {
+                        Ok(t) => t,
+                        Err(m) => {
+                            r.rollback(mark);
+                            return r.decline(&op.name, m);
+                        }
+                    };
+                    // SAFETY: a CPU tensor's sizes and strides over its memory, alive for the
+                    // call.
+                    let data = unsafe {
+                        crate::tensor::gather(
+                            e.data.cast(),
+                            tensor_dims(e),
+                            tensor_strides(e),
+                            ty.dtype.byte_size(),
+                        )
+                    };
+                    let j = r.lifted.len();
+                    r.lifted.push((ty, data));
+                    refs.push(Some(ArgRef {
+                        graph: Ref::Lifted(j),
+                        base: Ref::Lifted(j),
+                        sizes: Vec::new(),
+                        strides: Vec::new(),
+                        offset: 0,
+                    }));
+                    list.push(Some(TensorRef::new(String::new())));
                     continue;
                 }
                 match r.resolve(i, e, false) {

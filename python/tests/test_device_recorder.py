@@ -7,6 +7,7 @@ numbers."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -408,6 +409,49 @@ def test_a_scalar_read_of_unwritten_memory_reads_it_and_a_float_one_flushes(nati
     assert float(y.sum()) == 30.0  # a float computed by the trace: the trace runs first
     d = _delta(before, _rec(), "scalar_reads", "flushes", "programs_run")
     assert d == {"scalar_reads": 1, "flushes": 1, "programs_run": 1}, d
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_cpu_indices_of_a_device_tensor_stay_in_the_trace_as_they_were(native, fails):
+    """DLRM's interaction: a device tensor indexed, read and written, by integer index tensors
+    on the CPU (PyTorch allows it, as CUDA does). The indices are the call's: changing them
+    before the flush changes nothing recorded, in the program or in its replay on PyTorch."""
+    x = torch.randn(3, 5, 5)
+    pairs = torch.triu_indices(5, 5, offset=1)
+    rows = torch.tensor([0, 2])
+
+    def f(x, pairs, rows):
+        y = x * 2.0
+        dots = y[:, pairs[0], pairs[1]]
+        y[rows] = y[rows] + 1.0  # index_put_ with CPU indices into a pending value
+        return dots * 3.0, y - 1.0
+
+    ref = f(x, pairs, rows)
+    xt = x.to("tpu")
+    torch.tpu.synchronize()
+    before, fell = _rec(), _fell_back()
+    p, r_ = pairs.clone(), rows.clone()
+    with inject_fault("run") if fails else contextlib.nullcontext():
+        got = f(xt, p, r_)
+        p.zero_()  # the CPU indices change before the trace runs
+        r_.fill_(1)
+        torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "replays", "flushes")
+    want = {"programs_run": 0 if fails else 1, "replays": int(fails), "flushes": 1}
+    assert d == want, (d, _rec()["reasons"], _rec()["declined"])
+    if not fails:
+        assert _fell_back() == fell
+    device.set_mode("strict")
+    for g_, w in zip(got, ref):
+        torch.testing.assert_close(g_.cpu(), w)
+
+
+def test_cpu_indices_outside_an_index_list_keep_pytorchs_device_error(native):
+    xt = torch.randn(4).to("tpu")
+    with pytest.raises(RuntimeError, match="device"):
+        torch.cat([xt, torch.ones(4, dtype=torch.int64)])
+    with pytest.raises(RuntimeError, match="device"):
+        xt + torch.ones(4)
 
 
 def _positions(x):

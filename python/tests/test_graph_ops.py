@@ -337,6 +337,10 @@ CASES = {
         lambda g_, x: (a.gelu_backward(g_, x), a.gelu_backward(g_, x, approximate="tanh"), a.silu_backward(g_, x)),
         [randn(3, 4), randn(3, 4) * 3],
     ),
+    "log_sigmoid": (
+        lambda g_, x: (*a.log_sigmoid_forward(x), a.log_sigmoid_backward(g_, x, a.log_sigmoid_forward(x)[1])),
+        [randn(3, 4), torch.cat([randn(3, 3) * 8, torch.tensor([[-60.0], [0.0], [60.0]])], 1)],
+    ),
     "rsub_scalar": (lambda x: a.rsub.Scalar(x, 2.0, 3), [randn(3)]),
     "sibling_overloads": (
         lambda x, y, i, j, m: (

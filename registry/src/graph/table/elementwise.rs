@@ -337,6 +337,25 @@ pub(super) fn silu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     one(convert(cx.b, d, float_of(g.dtype()))?)
 }
 
+/// `log_sigmoid_forward(self) -> (output, buffer)`: `min(x, 0) - log1p(exp(-|x|))`, and the
+/// buffer PyTorch's CPU kernel keeps for the backward, `exp(-|x|)`; in f32 for 16-bit floats.
+pub(super) fn log_sigmoid_forward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let x = cx.tensor(0, "self")?;
+    let xf = upcast(cx, x)?;
+    let z = (-xf.abs()).exp();
+    let out = xf.minimum(xf.full_like(0.0)) - z.log1p();
+    let dt = float_of(x.dtype());
+    Ok(vec![convert(cx.b, out, dt)?, convert(cx.b, z, dt)?])
+}
+
+/// `log_sigmoid_backward(grad_output, self, buffer)`: `grad * sigmoid(-x)`, the derivative of
+/// [`log_sigmoid_forward`] (computed from `self`, so any buffer gives the same gradient).
+pub(super) fn log_sigmoid_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (g, x) = (cx.tensor(0, "grad_output")?, cx.tensor(1, "self")?);
+    let (gf, xf) = (upcast(cx, g)?, upcast(cx, x)?);
+    one(convert(cx.b, gf * (-xf).sigmoid(), float_of(g.dtype()))?)
+}
+
 /// `gelu_backward(grad_output, self, approximate)`: the derivative of [`gelu`] times the
 /// gradient, computed in f32 for 16-bit floats.
 pub(super) fn gelu_backward<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {

@@ -148,6 +148,8 @@ const TABLE: &[(&str, LowerFn)] = &[
     ("aten::gelu.default", ew::gelu),
     ("aten::silu.default", ew::silu),
     ("aten::silu_backward.default", ew::silu_backward),
+    ("aten::log_sigmoid_forward.default", ew::log_sigmoid_forward),
+    ("aten::log_sigmoid_backward.default", ew::log_sigmoid_backward),
     ("aten::gelu_backward.default", ew::gelu_backward),
     ("aten::tanh_backward.default", ew::tanh_backward),
     ("aten::threshold_backward.default", ew::threshold_backward),
