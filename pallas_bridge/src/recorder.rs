@@ -528,6 +528,13 @@ fn signature(key: usize, args: &[TpukArg], sig: &mut Vec<i64>) -> Result<(), Str
                     ));
                 }
             },
+            // A tensor with no elements (an embedding bag's unused outputs) is recorded: it
+            // reads no memory.
+            KIND_TENSOR if tensor_dims(a).contains(&0) => {
+                sig.push(i64::from(a.dtype));
+                sig.push(tensor_dims(a).len() as i64);
+                sig.extend_from_slice(tensor_dims(a));
+            }
             KIND_TENSOR => device_tensor_signature(sig, a, || format!("argument {i}"))?,
             KIND_TENSOR_LIST => {
                 let list = elements(a);
@@ -723,8 +730,7 @@ fn judge(rt: &Runtime, op: &Arc<OpInfo>, args: &[TpukArg], info: &TpukOpInfo, id
             return declines(format!("output {k} is not a tensor"));
         }
         match tensor_type(k, e) {
-            Ok(t) if numel(&t) > 0 => outputs.push(t),
-            Ok(_) => return declines(format!("output {k} has no elements")),
+            Ok(t) => outputs.push(t),
             Err(m) => return declines(format!("output {k}: {m}")),
         }
     }
@@ -1508,6 +1514,9 @@ impl Recorder {
         let addr = a.data as usize;
         let esize = ty.dtype.byte_size();
         let bytes = numel(ty) * esize;
+        if bytes == 0 {
+            return Err(format!("written tensor {k} has no elements"));
+        }
         let pending = self.blocks.range(..=addr).next_back().map(|(&s, &(e, v))| (s, e, v));
         match pending.filter(|&(_, e, _)| addr < e) {
             // All of the value's elements, in its order (of its shape or another one).
@@ -2032,6 +2041,8 @@ unsafe fn host_inputs<'a>(
         let data = match g {
             Some(bytes) => bytes.as_slice(),
             None if x.unread.is_some() => &zeros[..x.bytes],
+            // No elements (its address may be null).
+            None if x.bytes == 0 => &[],
             // SAFETY: the caller's contract: the input's bytes are alive.
             None => unsafe { std::slice::from_raw_parts(x.addr as *const u8, x.bytes) },
         };

@@ -454,6 +454,31 @@ def test_cpu_indices_outside_an_index_list_keep_pytorchs_device_error(native):
         xt + torch.ones(4)
 
 
+def test_outputs_and_arguments_with_no_elements_stay_in_the_trace(native):
+    """An embedding bag in sum mode: PyTorch's CPU kernel returns empty `offset2bag` and
+    `max_indices`, which its backward takes again. Forward and backward run as one program."""
+    w = torch.randn(16, 4)
+    idx = torch.tensor([1, 5, 7, 7, 2, 0])
+    offs = torch.tensor([0, 2, 5])
+
+    def step(w, idx, offs):
+        w = w.detach().requires_grad_()
+        F.embedding_bag(idx, w, offs, mode="sum").mul(torch.arange(4.0, device=w.device)).sum().backward()
+        return w.grad
+
+    ref = step(w, idx, offs)
+    moved = [t.to("tpu") for t in (w, idx, offs)]
+    torch.tpu.synchronize()
+    before, fell = _rec(), _fell_back()
+    got = step(*moved)
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    torch.testing.assert_close(got.cpu(), ref)
+
+
 def _positions(x):
     """T5's relative positions: `arange` (PyTorch hands it to the device as `arange.start_out`
     into an empty tensor) and `abs` into an empty out= tensor, then float ramps."""
