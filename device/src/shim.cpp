@@ -849,6 +849,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tpu_convolution_backward(
 at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
                      const at::Scalar& max) {
   static const char kName[] = "aten::histc.default";
+  if (g_api->mode() == TPUK_MODE_RECORD) {
+    // Recorded as itself: the graph lowering bins integers too (in f64, as here).
+    static const c10::OperatorHandle histc =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::histc", "");
+    torch::jit::Stack stack{self, bins, min, max};
+    if (record_call(&histc, &stack, 0, 4, {})) return stack[0].toTensor();
+  }
   count_fallback(kName);
   at::Tensor x = cpu_alias(self);
   if (at::isFloatingType(x.scalar_type())) return tpu_of(at::histc(x, bins, min, max));

@@ -479,6 +479,25 @@ def test_outputs_and_arguments_with_no_elements_stay_in_the_trace(native):
     torch.testing.assert_close(got.cpu(), ref)
 
 
+def test_a_histogram_of_integers_stays_in_the_trace(native):
+    """Mixtral's load-balancing loss: `histc` of int32 expert ids, which CUDA takes and
+    PyTorch's CPU kernel does not (the device's strict mode counts them in f64)."""
+    x = torch.rand(6, 5)
+    ids = (x * 4).floor().to(torch.int32)
+    want = (torch.histc(ids.double(), bins=4, min=0, max=4).to(torch.int32) + 1) * 2
+    xt = x.to("tpu")
+    torch.tpu.synchronize()
+    before, fell = _rec(), _fell_back()
+    got = (torch.histc((xt * 4).floor().to(torch.int32), bins=4, min=0, max=4) + 1) * 2
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), want)
+
+
 def _positions(x):
     """T5's relative positions: `arange` (PyTorch hands it to the device as `arange.start_out`
     into an empty tensor) and `abs` into an empty out= tensor, then float ramps."""
