@@ -1656,18 +1656,8 @@ fn record(
     for (i, a) in args.iter().enumerate() {
         if lifted.contains(&i) {
             let x = float_at(a).unwrap_or_default();
-            let j = r.lifted.len();
-            r.lifted.push((
-                TensorType::new(types[0].dtype, Shape::scalar()),
-                float_bytes(x, types[0].dtype),
-            ));
-            refs.push(Some(ArgRef {
-                graph: Ref::Lifted(j),
-                base: Ref::Lifted(j),
-                sizes: Vec::new(),
-                strides: Vec::new(),
-                offset: 0,
-            }));
+            let ty = TensorType::new(types[0].dtype, Shape::scalar());
+            refs.push(Some(r.lift(ty, float_bytes(x, types[0].dtype))));
             node_args.push(Arg::Tensor(TensorRef::new(String::new())));
             continue;
         }
@@ -1698,15 +1688,7 @@ fn record(
                             ty.dtype.byte_size(),
                         )
                     };
-                    let j = r.lifted.len();
-                    r.lifted.push((ty, data));
-                    refs.push(Some(ArgRef {
-                        graph: Ref::Lifted(j),
-                        base: Ref::Lifted(j),
-                        sizes: Vec::new(),
-                        strides: Vec::new(),
-                        offset: 0,
-                    }));
+                    refs.push(Some(r.lift(ty, data)));
                     list.push(Some(TensorRef::new(String::new())));
                     continue;
                 }
@@ -1890,6 +1872,15 @@ fn record(
 }
 
 impl Recorder {
+    /// A program input of type `ty` holding `bytes`, taken at the call (a lifted float, CPU
+    /// indices): the argument's reference to it.
+    fn lift(&mut self, ty: TensorType, bytes: Vec<u8>) -> ArgRef {
+        let j = self.lifted.len();
+        self.lifted.push((ty, bytes));
+        let r = Ref::Lifted(j);
+        ArgRef { graph: r, base: r, sizes: Vec::new(), strides: Vec::new(), offset: 0 }
+    }
+
     /// Undoes a call's changes to the trace (a decline after its arguments were resolved).
     fn rollback(
         &mut self,

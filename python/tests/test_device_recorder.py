@@ -289,9 +289,11 @@ def _temporaries(x):
     return x
 
 
-def test_a_trace_gives_back_the_memory_of_results_that_die_as_strict_mode_does():
-    x = torch.randn(128, 256).to("tpu")  # 128 KiB a result
-    peaks = {}
+def _peaks(f, x, *keys):
+    """`f(x)` in strict mode, then under the native recorder: the device's peak bytes above
+    where each started, each mode's result on the CPU, and the recorder's counters `keys`
+    over the native run."""
+    peaks, results, counted = {}, {}, {}
     for mode in ("strict", "native"):
         if mode == "native":
             device.set_mode("fused", recorder="native")
@@ -300,14 +302,22 @@ def test_a_trace_gives_back_the_memory_of_results_that_die_as_strict_mode_does()
             base = torch.tpu.memory_allocated()
             torch.tpu.reset_peak_memory_stats()
             before = _rec()
-            y = _temporaries(x)
+            y = f(x)
             torch.tpu.synchronize()
             peaks[mode] = torch.tpu.max_memory_allocated() - base
             if mode == "native":
-                assert _delta(before, _rec(), "recorded", "programs_run") == {"recorded": 24, "programs_run": 1}
+                counted = _delta(before, _rec(), *keys)
         finally:
             device.set_mode("strict")
+        results[mode] = y.cpu()
         del y
+    return peaks, results, counted
+
+
+def test_a_trace_gives_back_the_memory_of_results_that_die_as_strict_mode_does():
+    x = torch.randn(128, 256).to("tpu")  # 128 KiB a result
+    peaks, _, counted = _peaks(_temporaries, x, "recorded", "programs_run")
+    assert counted == {"recorded": 24, "programs_run": 1}
     # Strict holds two results at a time; a trace that kept every dead result's memory until
     # the flush would hold all 24.
     assert peaks["native"] <= peaks["strict"], peaks
@@ -333,26 +343,10 @@ def _overwritten(x):
 
 def test_memory_only_overwritten_is_no_program_input_and_goes_back_at_once():
     x = torch.randn(128, 256)
-    xt = x.to("tpu")
-    peaks = {}
-    for mode in ("strict", "native"):
-        if mode == "native":
-            device.set_mode("fused", recorder="native")
-        try:
-            torch.tpu.synchronize()
-            base = torch.tpu.memory_allocated()
-            torch.tpu.reset_peak_memory_stats()
-            before = _rec()
-            y = _overwritten(xt)
-            torch.tpu.synchronize()
-            peaks[mode] = torch.tpu.max_memory_allocated() - base
-            if mode == "native":
-                assert _delta(before, _rec(), "recorded", "programs_run", "flushes") == {
-                    "recorded": 25, "programs_run": 1, "flushes": 1}, _rec()["declined"]
-        finally:
-            device.set_mode("strict")
-        torch.testing.assert_close(y.cpu(), _overwritten(x))
-        del y
+    peaks, results, counted = _peaks(_overwritten, x.to("tpu"), "recorded", "programs_run", "flushes")
+    assert counted == {"recorded": 25, "programs_run": 1, "flushes": 1}, _rec()["declined"]
+    for got in results.values():
+        torch.testing.assert_close(got, _overwritten(x))
     # Had the zeroed, filled or copied-into tensors been program inputs, their frees would
     # wait for the flush: 8 blocks of 128 KiB held instead of strict's one or two.
     assert peaks["native"] <= peaks["strict"], peaks
