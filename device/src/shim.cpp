@@ -21,6 +21,7 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_grouped_mm_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -862,6 +863,25 @@ at::Tensor tpu_histc(const at::Tensor& self, int64_t bins, const at::Scalar& min
   return tpu_of(at::histc(x.to(at::kDouble), bins, min, max).to(x.scalar_type()));
 }
 
+// `_grouped_mm` (a mixture-of-experts layer's grouped matmul) has no CPU kernel: PyTorch's
+// composite one reads the group offsets on the host and writes one `mm` per group into rows of
+// its output. Under the native recorder that read is a flush, and each group's product a value
+// over part of the output, which the ops reading the whole output cannot be recorded over. It is
+// recorded as itself (the graph lowering takes its three forms); otherwise, and when the
+// recorder declines it, it runs the composite kernel as before.
+at::Tensor tpu_grouped_mm(const at::Tensor& self, const at::Tensor& mat2,
+                          const std::optional<at::Tensor>& offs,
+                          const std::optional<at::Tensor>& bias,
+                          std::optional<at::ScalarType> out_dtype) {
+  if (g_api->mode() == TPUK_MODE_RECORD) {
+    static const c10::OperatorHandle grouped_mm =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::_grouped_mm", "");
+    torch::jit::Stack stack{self, mat2, offs, bias, out_dtype};
+    if (record_call(&grouped_mm, &stack, 0, 5, {})) return stack[0].toTensor();
+  }
+  return at::compositeexplicitautograd::_grouped_mm(self, mat2, offs, bias, out_dtype);
+}
+
 // PyTorch's SDPA asks the device's backend which fused attention it takes; without an answer a
 // PrivateUse1 device gets the math decomposition. The device answers as the CPU does, so SDPA
 // calls `_scaled_dot_product_flash_attention_for_cpu`, which kernels bind at
@@ -1579,6 +1599,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("convolution_overrideable", tpu_convolution);
   m.impl("convolution_backward_overrideable", tpu_convolution_backward);
   m.impl("histc", tpu_histc);
+  m.impl("_grouped_mm", tpu_grouped_mm);
   // PyTorch's generic kernel for a backend of its own (CompositeExplicitAutogradNonFunctional)
   // writes into a 0-dim out= tensor that the CPU kernel then resizes, with a deprecation
   // warning on every call: the fallback runs the CPU's functional kernel instead.

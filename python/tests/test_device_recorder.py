@@ -492,6 +492,40 @@ def test_a_histogram_of_integers_stays_in_the_trace(native):
     assert torch.equal(got.cpu(), want)
 
 
+def _experts(x, w, ids):
+    """A mixture-of-experts layer's grouped matmul: rows sorted by expert, the group ends from a
+    histogram of the expert ids (pending values, not read on the host)."""
+    offs = torch.cumsum(torch.histc(ids, bins=w.shape[0], min=0, max=w.shape[0]), 0).to(torch.int32)
+    y = torch._grouped_mm(x, w, offs)
+    return (y * y).sum()
+
+
+def test_a_grouped_matmul_and_its_gradients_stay_in_the_trace(native):
+    """PyTorch's composite `_grouped_mm` reads the group offsets on the host and writes a product
+    per group into rows of its output; the device records it as itself instead, forward and
+    backward (both of its backward forms), in one program."""
+    gen = torch.Generator().manual_seed(3)
+    x, w = torch.randn(12, 8, generator=gen), torch.randn(3, 8, 12, generator=gen)
+    ids = torch.tensor([0, 0, 0, 0, 0, 1, 1, 2, 2, 2, 2, 2], dtype=torch.int32)
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = _experts(xc, wc, ids.double())
+    want.backward()
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    idt = ids.to("tpu")
+    torch.tpu.synchronize()
+    before, fell = _rec(), _fell_back()
+    got = _experts(xt, wt, idt)
+    got.backward()
+    torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "flushes")
+    assert d == {"programs_run": 1, "flushes": 1}, (d, _rec()["reasons"], _rec()["declined"])
+    assert _fell_back() == fell
+    device.set_mode("strict")
+    torch.testing.assert_close(got.cpu(), want.detach(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-5, atol=1e-4)
+
+
 def _positions(x):
     """T5's relative positions: `arange` (PyTorch hands it to the device as `arange.start_out`
     into an empty tensor) and `abs` into an empty out= tensor, then float ramps."""
