@@ -526,6 +526,21 @@ def test_a_grouped_matmul_and_its_gradients_stay_in_the_trace(native):
     torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-5, atol=1e-4)
 
 
+def test_a_grouped_matmul_the_lowering_declines_runs_the_composite_kernel(native):
+    """A form with no lowering (a 3-D input by a 2-D weight) is declined, with the lowering's
+    reason, and PyTorch's composite kernel computes it on the device."""
+    gen = torch.Generator().manual_seed(4)
+    x, w = torch.randn(2, 4, 8, generator=gen), torch.randn(8, 16, generator=gen)
+    offs = torch.tensor([8, 16], dtype=torch.int32)
+    want = torch._grouped_mm(x, w, offs)
+    got = torch._grouped_mm(x.to("tpu"), w.to("tpu"), offs.to("tpu"))
+    torch.tpu.synchronize()
+    count, reason = _rec()["declined"]["aten::_grouped_mm.default"]
+    assert count >= 1 and "has no lowering" in reason, reason
+    device.set_mode("strict")
+    torch.testing.assert_close(got.cpu(), want)
+
+
 def _positions(x):
     """T5's relative positions: `arange` (PyTorch hands it to the device as `arange.start_out`
     into an empty tensor) and `abs` into an empty out= tensor, then float ramps."""
