@@ -204,6 +204,8 @@ struct Value {
 struct ArgRef {
     graph: Ref,
     base: Ref,
+    /// Empty for a pending value taken whole (its own dims, row-major: see `geometry`) and for
+    /// a 0-dim argument.
     sizes: Vec<i64>,
     strides: Vec<i64>,
     /// Bytes from `base`'s first element to the argument's.
@@ -859,6 +861,17 @@ impl Recorder {
     /// What a device tensor argument is (a recorded value, or an input read in place; a
     /// reshape or permute of one), or why it cannot be recorded (a view of pending memory).
     fn resolve(&mut self, i: usize, a: &TpukArg, unread: bool) -> Result<ArgRef, String> {
+        if let Some(v) = self.whole_value(a) {
+            // Most arguments: nothing to build or keep.
+            let base = Ref::Value(v);
+            return Ok(ArgRef {
+                graph: base,
+                base,
+                sizes: Vec::new(),
+                strides: Vec::new(),
+                offset: 0,
+            });
+        }
         let ty = tensor_type(i, a)?;
         let sizes = tensor_dims(a).to_vec();
         let strides = tensor_strides(a).to_vec();
@@ -953,6 +966,22 @@ impl Recorder {
             graph = Ref::Value(self.derived(graph, Derive::Permute, inverse(&order), ty));
         }
         Ok(ArgRef { graph, base, sizes, strides, offset: 0 })
+    }
+
+    /// The pending value `a` is, whole: its block starts at `a`'s memory, and `a` has its type
+    /// and dims, row-major.
+    fn whole_value(&self, a: &TpukArg) -> Option<usize> {
+        let addr = a.data as usize;
+        let (&start, &(end, v)) = self.blocks.range(..=addr).next_back()?;
+        let ty = &self.values[v].ty;
+        let dims = tensor_dims(a);
+        let same = start == addr
+            && addr < end
+            && device::dtype_of_code(a.dtype) == Some(ty.dtype)
+            && ty.shape.0.len() == dims.len()
+            && ty.shape.0.iter().zip(dims).all(|(d, &n)| *d == Dim::Static(n.max(0) as u64))
+            && crate::tensor::row_major(dims, Some(tensor_strides(a)));
+        same.then_some(v)
     }
 
     /// Value `v` (dense) seen through `view`, as reshapes, slices, a permute and an expand of
@@ -2297,8 +2326,23 @@ fn replay_call(
         let v = root(r, v);
         mem.values.get(&v).map_or_else(|| r.home_of(v), |b| b.as_ptr() as usize)
     };
+    // A value taken whole kept no geometry: its own dims, row-major.
+    let whole: Vec<Option<(Vec<i64>, Vec<i64>)>> = n
+        .refs
+        .iter()
+        .flatten()
+        .map(|rf| match rf.base {
+            Ref::Value(v) if rf.sizes.is_empty() => {
+                let d = dims_i64(&r.values[v].ty);
+                let st = crate::torch_bridge::compact_strides(&d);
+                Some((d, st))
+            }
+            _ => None,
+        })
+        .collect();
     let mut tensors: Vec<TpukArg> = Vec::new();
-    for rf in n.refs.iter().flatten() {
+    for (rf, whole) in n.refs.iter().flatten().zip(&whole) {
+        let (sizes, strides) = whole.as_ref().map_or((&rf.sizes, &rf.strides), |(d, st)| (d, st));
         let (dtype, addr) = match rf.base {
             Ref::Value(v) => (r.values[v].ty.dtype, at(v) + rf.offset),
             Ref::Input(k) => {
@@ -2309,7 +2353,7 @@ fn replay_call(
             Ref::Lifted(_) => continue,
         };
         let code = device::code_of_dtype(dtype).unwrap_or(-1);
-        tensors.push(device::tensor_arg(code, addr as *const c_void, &rf.sizes, &rf.strides));
+        tensors.push(device::tensor_arg(code, addr as *const c_void, sizes, strides));
     }
     let through_view = |v: usize| if dense { None } else { r.values[v].view.as_ref() };
     let geometry: Vec<(Vec<i64>, Vec<i64>)> = n
