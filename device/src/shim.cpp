@@ -30,6 +30,7 @@
 #include <ATen/ops/view_native.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -444,10 +445,15 @@ TpukArg tensor_arg(const at::Tensor& t) {
   return a;
 }
 
-// The `nargs` arguments from `first` on, one `TpukArg` each.
-std::vector<TpukArg> marshal(const torch::jit::Stack& stack, size_t first, size_t nargs,
-                             Scratch& scratch) {
-  std::vector<TpukArg> args(nargs);
+// Inline room for a call's arguments and results: most calls allocate none.
+using Args = c10::SmallVector<TpukArg, 8>;
+using Outs = c10::SmallVector<TpukOut, 2>;
+using Results = c10::SmallVector<at::Tensor, 2>;
+
+// The `nargs` arguments from `first` on, one `TpukArg` each, into `args`.
+void marshal(const torch::jit::Stack& stack, size_t first, size_t nargs, Scratch& scratch,
+             Args& args) {
+  args.resize(nargs);
   for (size_t i = 0; i < nargs; ++i) {
     const c10::IValue& v = stack[first + i];
     TpukArg& a = args[i];
@@ -485,7 +491,6 @@ std::vector<TpukArg> marshal(const torch::jit::Stack& stack, size_t first, size_
       a.kind = TPUK_OTHER;
     }
   }
-  return args;
 }
 
 // Every tensor in `v` (a tensor, a tensor list, an optional tensor list; TPUK_NONE for an
@@ -945,8 +950,10 @@ struct CallContext {
 // the tensors left out (their positions kept): holding them would keep every recorded value
 // alive, and the recorder finds them by memory.
 struct KeptCall {
+  explicit KeptCall(const c10::OperatorHandle& o) : op(o) {}
   c10::OperatorHandle op;
-  torch::jit::Stack args;
+  // Inline: a kept call is one allocation.
+  c10::SmallVector<c10::IValue, 6> args;
   // Where the device tensors went, in stack order: an argument position, and the entries of a
   // tensor list that held one (none for a tensor argument).
   struct Position {
@@ -954,7 +961,7 @@ struct KeptCall {
     bool list;
     std::vector<int64_t> entries;
   };
-  std::vector<Position> tensor_positions;
+  c10::SmallVector<Position, 3> tensor_positions;
   size_t ntensors = 0;
 };
 
@@ -962,7 +969,7 @@ struct KeptCall {
 void* keep_call(void* call) noexcept {
   try {
     auto* c = static_cast<CallContext*>(call);
-    auto kept = std::make_unique<KeptCall>(KeptCall{*c->op, {}, {}, 0});
+    auto kept = std::make_unique<KeptCall>(*c->op);
     kept->args.reserve(c->nargs);
     kept->tensor_positions.reserve(c->nargs);
     auto on_device = [](const at::Tensor& t) {
@@ -1021,7 +1028,7 @@ int32_t replay_call(void* k, const TpukArg* tensors, size_t ntensors, const Tpuk
   try {
     TORCH_CHECK(ntensors == kept->ntensors, "replay: ", ntensors,
                 " tensors for a call that took ", kept->ntensors);
-    torch::jit::Stack stack = kept->args;
+    torch::jit::Stack stack(kept->args.begin(), kept->args.end());
     size_t next = 0;
     auto tensor = [&]() {
       const TpukArg& a = tensors[next++];
@@ -1398,7 +1405,8 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
   const size_t ntarget = schema.arguments().size();
   const size_t nret = schema.returns().size();
   Scratch scratch;
-  std::vector<TpukArg> args = marshal(*stack, first, ntarget, scratch);
+  Args args;
+  marshal(*stack, first, ntarget, scratch, args);
   // What an int stands for, the schema says; tensor lists go over as lists.
   for (size_t i = 0; i < ntarget; ++i) {
     const c10::IValue& v = (*stack)[first + i];
@@ -1422,12 +1430,12 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
       args[i].i = v.isOptionalTensorList() ? 1 : 0;
     }
   }
-  std::vector<TpukArg> into;
+  Args into;
   for (const at::Tensor& t : written) into.push_back(tensor_arg(t));
   // The first results are fresh, the last `written.size()` written into `written`.
   TORCH_CHECK(written.size() <= nret, "record: ", written.size(), " written tensors for ", nret,
               " results");
-  std::vector<TpukOut> outs(nret - written.size());
+  Outs outs(nret - written.size());
   CallContext call{target, stack, first, ntarget};
   const auto key = reinterpret_cast<uintptr_t>(&schema);
   int32_t r = g_api->record(key, args.data(), ntarget, into.data(), into.size(), outs.data(),
@@ -1447,7 +1455,7 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
   }
   TORCH_CHECK(r != TPUK_ERROR, last_message());
   if (r != TPUK_RAN) return false;
-  std::vector<at::Tensor> results;
+  Results results;
   for (const TpukOut& o : outs) results.push_back(wrap_output(o));
   for (at::Tensor& t : written) results.push_back(std::move(t));
   torch::jit::drop(*stack, nargs);
@@ -1471,10 +1479,11 @@ struct KernelAtKey final : c10::OperatorKernel {
       materialise_for(op, *stack);
     }
     Scratch scratch;
-    std::vector<TpukArg> args = marshal(*stack, first, nargs, scratch);
+    Args args;
+    marshal(*stack, first, nargs, scratch, args);
     DebugState debug;
     if (g_api->mode() == TPUK_MODE_DEBUG) debug = debug_before(op, *stack, first, nargs);
-    std::vector<TpukOut> outs(nret);
+    Outs outs(nret);
     int32_t r = g_api->call(id_, args.data(), nargs, outs.data(), nret);
     if (r == TPUK_ERROR) {
       TORCH_CHECK(false, last_message());
@@ -1485,7 +1494,7 @@ struct KernelAtKey final : c10::OperatorKernel {
       return;
     }
     // Wrap every output before touching the stack, so that nothing leaks if one throws.
-    std::vector<at::Tensor> results;
+    Results results;
     results.reserve(nret);
     for (const TpukOut& o : outs) results.push_back(wrap_output(o));
     torch::jit::drop(*stack, nargs);

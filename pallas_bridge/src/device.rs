@@ -290,8 +290,8 @@ static HELD: Mutex<Held> = Mutex::new(Held {
 });
 
 fn held(f: impl FnOnce(&mut Held)) {
-    // Read before taking the lock: the allocator's lock is never held inside this one.
-    let reserved = HostPool::global().stats().reserved;
+    // Read without the allocator's lock, which is never held inside this one.
+    let reserved = HostPool::global().reserved();
     let mut h = HELD.lock().unwrap_or_else(PoisonError::into_inner);
     f(&mut h);
     h.peak = h.peak.max(h.live());
@@ -403,13 +403,14 @@ pub(crate) fn fill_placeholder(
     ty: &TensorType,
     p: crate::recorder::Placeholder,
 ) {
-    let dims = ty.shape.static_dims().unwrap_or_default();
+    // A recorded value's dims are static (the signature fixed them).
+    let dims = &ty.shape.0;
     out.dtype = code_of_dtype(ty.dtype).unwrap_or(-1);
     out.ndim = dims.len() as i32;
     out.absent = 0;
     out.reserved = 0;
-    for (k, &d) in dims.iter().enumerate().take(MAX_RANK) {
-        out.sizes[k] = d as i64;
+    for (k, d) in dims.iter().enumerate().take(MAX_RANK) {
+        out.sizes[k] = d.as_static().unwrap_or(0) as i64;
     }
     out.data = p.0.as_ptr().cast();
     let size = p.0.size();

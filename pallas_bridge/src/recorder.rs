@@ -344,6 +344,8 @@ struct Recorder {
     nodes: Vec<RecNode>,
     values: Vec<Value>,
     inputs: Vec<ExtInput>,
+    /// The row-major inputs read whole, by address: their index in `inputs`.
+    whole_inputs: FxHashMap<usize, usize>,
     /// Lifted floats: their zero-dim type and bytes (program inputs after `inputs`).
     lifted: Vec<(TensorType, Vec<u8>)>,
     /// Placeholder blocks of the pending trace: start -> (end, value).
@@ -352,6 +354,8 @@ struct Recorder {
     derivations: FxHashMap<(i64, Derive, Vec<i64>), usize>,
     /// The last call's signature, its memory reused by the next.
     sig_scratch: Vec<i64>,
+    /// The last call's output destinations, emptied, its memory reused by the next.
+    dest_scratch: Vec<Dest>,
     key: Vec<i64>,
     /// The pending trace's structure: its calls' ops and argument references, no types.
     structure: u64,
@@ -490,6 +494,15 @@ fn elements(a: &TpukArg) -> &[TpukArg] {
     }
     // SAFETY: the shim passes a tensor list as `len` TpukArgs alive for the call.
     unsafe { std::slice::from_raw_parts(a.data.cast::<TpukArg>(), a.len as usize) }
+}
+
+/// Whether device tensor `a` has type `ty`, its dims row-major.
+fn same_geometry(a: &TpukArg, ty: &TensorType) -> bool {
+    let dims = tensor_dims(a);
+    device::dtype_of_code(a.dtype) == Some(ty.dtype)
+        && ty.shape.0.len() == dims.len()
+        && ty.shape.0.iter().zip(dims).all(|(d, &n)| *d == Dim::Static(n.max(0) as u64))
+        && crate::tensor::row_major(dims, Some(tensor_strides(a)))
 }
 
 fn tensor_type(i: usize, a: &TpukArg) -> Result<TensorType, String> {
@@ -861,9 +874,8 @@ impl Recorder {
     /// What a device tensor argument is (a recorded value, or an input read in place; a
     /// reshape or permute of one), or why it cannot be recorded (a view of pending memory).
     fn resolve(&mut self, i: usize, a: &TpukArg, unread: bool) -> Result<ArgRef, String> {
-        if let Some(v) = self.whole_value(a) {
-            // Most arguments: nothing to build or keep.
-            let base = Ref::Value(v);
+        // Most arguments are a pending value or an input taken whole: nothing to build or keep.
+        if let Some(base) = self.whole_value(a).or_else(|| self.whole_input(a, unread)) {
             return Ok(ArgRef {
                 graph: base,
                 base,
@@ -964,24 +976,31 @@ impl Recorder {
         let mut graph = base;
         if order.iter().enumerate().any(|(k, &d)| k != d) {
             graph = Ref::Value(self.derived(graph, Derive::Permute, inverse(&order), ty));
+        } else if crate::tensor::row_major(&sizes, Some(&strides)) {
+            // Found by `whole_input` from now on.
+            self.whole_inputs.entry(addr).or_insert(k);
         }
         Ok(ArgRef { graph, base, sizes, strides, offset: 0 })
     }
 
     /// The pending value `a` is, whole: its block starts at `a`'s memory, and `a` has its type
     /// and dims, row-major.
-    fn whole_value(&self, a: &TpukArg) -> Option<usize> {
+    fn whole_value(&self, a: &TpukArg) -> Option<Ref> {
         let addr = a.data as usize;
         let (&start, &(end, v)) = self.blocks.range(..=addr).next_back()?;
-        let ty = &self.values[v].ty;
-        let dims = tensor_dims(a);
-        let same = start == addr
-            && addr < end
-            && device::dtype_of_code(a.dtype) == Some(ty.dtype)
-            && ty.shape.0.len() == dims.len()
-            && ty.shape.0.iter().zip(dims).all(|(d, &n)| *d == Dim::Static(n.max(0) as u64))
-            && crate::tensor::row_major(dims, Some(tensor_strides(a)));
-        same.then_some(v)
+        let same = start == addr && addr < end && same_geometry(a, &self.values[v].ty);
+        same.then_some(Ref::Value(v))
+    }
+
+    /// The input `a` is, whole: an input already read at `a`'s memory with `a`'s type and dims,
+    /// row-major, in memory no recorded call writes (a weight read again).
+    fn whole_input(&self, a: &TpukArg, unread: bool) -> Option<Ref> {
+        let addr = a.data as usize;
+        let k = *self.whole_inputs.get(&addr).filter(|_| !unread)?;
+        let x = &self.inputs[k];
+        let pending = self.blocks.range(..=addr).next_back().is_some_and(|(_, &(e, _))| addr < e);
+        let same = !pending && x.unread.is_none() && x.gather.is_none() && same_geometry(a, &x.ty);
+        same.then_some(Ref::Input(k))
     }
 
     /// Value `v` (dense) seen through `view`, as reshapes, slices, a permute and an expand of
@@ -1755,14 +1774,15 @@ fn record(
             }
         }
     }
-    let free = |dests: Vec<Dest>| {
-        for d in dests {
+    let free = |mut dests: Vec<Dest>| {
+        for d in dests.drain(..) {
             if let Dest::Fresh(b) = d {
                 device::free_block(b);
             }
         }
     };
-    let mut dests = Vec::with_capacity(types.len());
+    // Kept for the next call, as the signature's vector is.
+    let mut dests = std::mem::take(&mut r.dest_scratch);
     for (k, ty) in types.iter().enumerate() {
         let dest = match k.checked_sub(outs.len()).and_then(|w| into.get(w)) {
             Some(a) => match r.written_dest(k, a, ty) {
@@ -1812,7 +1832,7 @@ fn record(
     let mut out_values = Vec::with_capacity(types.len());
     let mut scatters = Vec::new();
     let mut permutes = Vec::new();
-    for (k, (ty, dest)) in types.iter().zip(dests).enumerate() {
+    for (k, (ty, dest)) in types.iter().zip(dests.drain(..)).enumerate() {
         let v = r.values.len();
         let addr = match dest {
             Dest::Fresh(block) => {
@@ -1874,6 +1894,7 @@ fn record(
         });
         out_values.push(v);
     }
+    r.dest_scratch = dests;
     r.nodes.push(RecNode { op, args: node_args, refs, outs: out_values, kept: Some(kept) });
     for (v, base, start, end, plan) in scatters {
         r.scatter_into(v, base, start, end, plan);
@@ -1919,6 +1940,7 @@ impl Recorder {
         self.nodes.truncate(nodes);
         self.values.truncate(values);
         self.inputs.truncate(inputs);
+        self.whole_inputs.retain(|_, k| *k < inputs);
         self.key.truncate(key);
         self.derivations.retain(|_, v| *v < values);
     }
@@ -2035,6 +2057,7 @@ impl Recorder {
         self.nodes.clear();
         self.values.clear();
         self.inputs.clear();
+        self.whole_inputs.clear();
         self.lifted.clear();
         self.blocks.clear();
         self.derivations.clear();
@@ -2326,18 +2349,21 @@ fn replay_call(
         let v = root(r, v);
         mem.values.get(&v).map_or_else(|| r.home_of(v), |b| b.as_ptr() as usize)
     };
-    // A value taken whole kept no geometry: its own dims, row-major.
+    // A value or an input taken whole kept no geometry: its own dims, row-major.
     let whole: Vec<Option<(Vec<i64>, Vec<i64>)>> = n
         .refs
         .iter()
         .flatten()
-        .map(|rf| match rf.base {
-            Ref::Value(v) if rf.sizes.is_empty() => {
-                let d = dims_i64(&r.values[v].ty);
-                let st = crate::torch_bridge::compact_strides(&d);
-                Some((d, st))
-            }
-            _ => None,
+        .map(|rf| {
+            let ty = match rf.base {
+                _ if !rf.sizes.is_empty() => return None,
+                Ref::Value(v) => &r.values[v].ty,
+                Ref::Input(k) => &r.inputs[k].ty,
+                Ref::Lifted(_) => return None,
+            };
+            let d = dims_i64(ty);
+            let st = crate::torch_bridge::compact_strides(&d);
+            Some((d, st))
         })
         .collect();
     let mut tensors: Vec<TpukArg> = Vec::new();

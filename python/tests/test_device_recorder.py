@@ -648,6 +648,29 @@ def test_an_input_freed_before_the_flush_keeps_its_bytes(native):
     assert all(o.cpu().eq(7.0).all() for o in others)
 
 
+@pytest.mark.parametrize("fails", [False, True], ids=["program", "replay"])
+def test_an_input_read_again_after_a_write_into_it_reads_the_written_value(native, fails):
+    """An input read whole is found again at its address without its geometry; once a recorded
+    call writes its memory, a later read is of that call's value (in the program and in the
+    replay on PyTorch alike)."""
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    xt, wt = x.to("tpu"), w.to("tpu")
+    before = _rec()
+    with inject_fault("run") if fails else contextlib.nullcontext():
+        a = xt * wt
+        b = xt * wt  # the same input, read again
+        wt.add_(1.0)
+        c = xt * wt  # the written value, not the input
+        torch.tpu.synchronize()
+    d = _delta(before, _rec(), "flushes", "recorded", "programs_run", "replays")
+    assert d == {"flushes": 1, "recorded": 4, "programs_run": 0 if fails else 1, "replays": int(fails)}, d
+    device.set_mode("strict")
+    torch.testing.assert_close(a.cpu(), x * w)
+    torch.testing.assert_close(b.cpu(), x * w)
+    torch.testing.assert_close(c.cpu(), x * (w + 1.0))
+    torch.testing.assert_close(wt.cpu(), w + 1.0)
+
+
 def test_a_program_that_fails_to_run_is_evicted_and_replayed_on_pytorch(native):
     x = torch.randn(7, 7)
     xt = x.to("tpu")

@@ -15,8 +15,10 @@
 use std::alloc::Layout;
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// The alignment of every block.
 pub const ALIGN: usize = 64;
@@ -111,13 +113,43 @@ struct Inner {
 #[derive(Debug)]
 pub struct HostPool {
     inner: Mutex<Inner>,
+    /// `stats.reserved` as of the last change, read without the lock.
+    reserved: AtomicUsize,
+}
+
+/// The pool's state, locked; publishes the reserved bytes when unlocked.
+struct Locked<'a> {
+    guard: MutexGuard<'a, Inner>,
+    reserved: &'a AtomicUsize,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.guard
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Inner {
+        &mut self.guard
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        self.reserved.store(self.guard.stats.reserved, Ordering::Relaxed);
+    }
 }
 
 impl HostPool {
     /// A pool whose cache holds at most `limit` bytes.
     pub fn with_limit(limit: usize) -> HostPool {
         let stats = PoolStats { limit, ..PoolStats::default() };
-        HostPool { inner: Mutex::new(Inner { free: HashMap::new(), stats }) }
+        HostPool {
+            inner: Mutex::new(Inner { free: HashMap::new(), stats }),
+            reserved: AtomicUsize::new(0),
+        }
     }
 
     /// The process's pool (the device's memory), its limit from `TPUK_DEVICE_CACHE_BYTES`.
@@ -132,8 +164,17 @@ impl HostPool {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> Locked<'_> {
+        Locked {
+            guard: self.inner.lock().unwrap_or_else(PoisonError::into_inner),
+            reserved: &self.reserved,
+        }
+    }
+
+    /// The bytes taken from the system (`stats().reserved`), without taking the pool's lock: a
+    /// figure for accounting, as of the last allocation or free.
+    pub fn reserved(&self) -> usize {
+        self.reserved.load(Ordering::Relaxed)
     }
 
     /// A block of at least `n` bytes (`n == 0` gets the smallest class).
