@@ -18,6 +18,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use pyo3::exceptions::PyValueError;
@@ -258,6 +259,10 @@ pub(crate) fn dtype_name_of_code(code: i64) -> Option<&'static str> {
 
 // ----- memory -----
 
+/// The bytes of allocator blocks the device's tensors hold (placeholders included), kept apart
+/// from [`Held`]: a free changes it without a lock.
+static POOL_HELD: AtomicUsize = AtomicUsize::new(0);
+
 /// Device memory by where it came from, live bytes: the allocator's blocks (size-class bytes),
 /// kernel outputs (PJRT buffers whose memory became tensors: `outputs` the runtime allocated,
 /// `pooled_outputs` written into the allocator's blocks), fallback results (blocks of
@@ -266,7 +271,6 @@ pub(crate) fn dtype_name_of_code(code: i64) -> Option<&'static str> {
 /// plus the runtime's outputs and the adopted results.
 #[derive(Debug, Default)]
 struct Held {
-    pool: usize,
     outputs: usize,
     pooled_outputs: usize,
     adopted: usize,
@@ -276,18 +280,12 @@ struct Held {
 
 impl Held {
     fn live(&self) -> usize {
-        self.pool + self.outputs + self.pooled_outputs + self.adopted
+        POOL_HELD.load(Ordering::Relaxed) + self.outputs + self.pooled_outputs + self.adopted
     }
 }
 
-static HELD: Mutex<Held> = Mutex::new(Held {
-    pool: 0,
-    outputs: 0,
-    pooled_outputs: 0,
-    adopted: 0,
-    peak: 0,
-    peak_reserved: 0,
-});
+static HELD: Mutex<Held> =
+    Mutex::new(Held { outputs: 0, pooled_outputs: 0, adopted: 0, peak: 0, peak_reserved: 0 });
 
 fn held(f: impl FnOnce(&mut Held)) {
     // Read without the allocator's lock, which is never held inside this one.
@@ -328,7 +326,9 @@ extern "C" fn api_alloc(n: usize, ctx: *mut *mut c_void) -> *mut c_void {
     match HostPool::global().allocate(n) {
         Ok(block) => {
             let size = block.size();
-            held(|h| h.pool += size);
+            held(|_| {
+                POOL_HELD.fetch_add(size, Ordering::Relaxed);
+            });
             let data = block.as_ptr().cast::<c_void>();
             // SAFETY: the shim passes a valid out-pointer.
             unsafe { *ctx = Box::into_raw(Box::new(block)).cast() };
@@ -361,7 +361,9 @@ extern "C" fn api_free(ctx: *mut c_void) {
 /// Gives a block of the allocator back (counted).
 pub(crate) fn free_block(block: HostBlock) {
     let size = block.size();
-    held(|h| h.pool = h.pool.saturating_sub(size));
+    // A decrease sets no peak: no lock of its own.
+    let _ = POOL_HELD
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| Some(n.saturating_sub(size)));
     HostPool::global().free(block);
 }
 
@@ -414,7 +416,9 @@ pub(crate) fn fill_placeholder(
     }
     out.data = p.0.as_ptr().cast();
     let size = p.0.size();
-    held(|h| h.pool += size);
+    held(|_| {
+        POOL_HELD.fetch_add(size, Ordering::Relaxed);
+    });
     out.handle = Box::into_raw(Box::new(Owner::Placeholder(p))).cast();
 }
 
@@ -1368,7 +1372,11 @@ pub(crate) fn device_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     rec.set_item("scalar_reads", st.scalar_reads)?;
     rec.set_item("scalar_read_calls", st.scalar_read_calls)?;
     rec.set_item("recompile_limit", crate::recorder::recompile_limit())?;
-    rec.set_item("record_time_s", st.record_nanos as f64 / 1e9)?;
+    // Estimated from the timed calls: their mean time, times the calls recorded.
+    let per_call = st.record_nanos as f64 / st.record_timed.max(1) as f64;
+    rec.set_item("record_time_s", per_call * st.recorded as f64 / 1e9)?;
+    rec.set_item("record_timed_calls", st.record_timed)?;
+    rec.set_item("record_timed_s", st.record_nanos as f64 / 1e9)?;
     rec.set_item("flush_time_s", st.flush_nanos as f64 / 1e9)?;
     rec.set_item("run_time_s", st.run_nanos as f64 / 1e9)?;
     rec.set_item("compile_time_s", st.compile_nanos as f64 / 1e9)?;

@@ -437,7 +437,8 @@ def recording(n_ops: int, steps: int) -> dict[str, float | str]:
             "hits": r["hits"],
             "misses": r["misses"],
             "last_miss": str(r["declined"])[:300],
-            "record_time_s": r["record_time_s"],
+            "record_timed_s": r["record_timed_s"],
+            "record_timed_calls": r["record_timed_calls"],
             "recorded": r["recorded"],
         }
 
@@ -460,9 +461,11 @@ def recording(n_ops: int, steps: int) -> dict[str, float | str]:
                 fl.append((time.perf_counter() - t1) * 1e6)
                 rec.append((t1 - t) / n_ops * 1e6)
         after = cache()
-        if "recorded" in after and after["recorded"] > before["recorded"]:
-            # The recorder's own share (Rust's `record`, per recorded call), beside the whole call.
-            in_recorder = (after["record_time_s"] - before["record_time_s"]) / (after["recorded"] - before["recorded"])
+        if "recorded" in after and after["record_timed_calls"] > before["record_timed_calls"]:
+            # The recorder's own share (Rust's `record`, per call of those it timed), beside the
+            # whole call.
+            timed = after["record_timed_calls"] - before["record_timed_calls"]
+            in_recorder = (after["record_timed_s"] - before["record_timed_s"]) / timed
             out["tpu fused, native recorder: of which in Rust's record, per op (mean)"] = in_recorder * 1e6
         hits, misses = after["hits"] - before["hits"], after["misses"] - before["misses"]
         if hits != steps or misses:

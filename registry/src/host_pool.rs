@@ -12,8 +12,8 @@
 //! Every allocation is fallible: a request the system cannot satisfy (or no layout can
 //! describe) is an [`OutOfMemory`] naming the request, never an abort.
 
+use rustc_hash::FxHashMap;
 use std::alloc::Layout;
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -105,7 +105,7 @@ pub struct PoolStats {
 
 #[derive(Debug, Default)]
 struct Inner {
-    free: HashMap<usize, Vec<HostBlock>>,
+    free: FxHashMap<usize, Vec<HostBlock>>,
     stats: PoolStats,
 }
 
@@ -147,7 +147,7 @@ impl HostPool {
     pub fn with_limit(limit: usize) -> HostPool {
         let stats = PoolStats { limit, ..PoolStats::default() };
         HostPool {
-            inner: Mutex::new(Inner { free: HashMap::new(), stats }),
+            inner: Mutex::new(Inner { free: FxHashMap::default(), stats }),
             reserved: AtomicUsize::new(0),
         }
     }
