@@ -24,6 +24,7 @@ unsafe extern "C" {
         cap: usize,
     ) -> i32;
     fn tpuk_shim_manual_seed(seed: u64);
+    fn tpuk_shim_unboxed_records() -> u64;
     fn tpuk_shim_initial_seed() -> u64;
     fn tpuk_shim_seed() -> u64;
     fn tpuk_shim_rng_state(buf: *mut u8, cap: usize) -> usize;
@@ -82,6 +83,14 @@ fn bind(ns: &str, name: &str, overload: &str, id: u32) -> PyResult<()> {
     Ok(())
 }
 
+/// How many calls the shim's unboxed entry recorded (fused mode, native recorder): pointwise
+/// calls whose arguments reached `record` with nothing boxed.
+#[pyfunction]
+fn unboxed_records() -> u64 {
+    // SAFETY: a plain call reading a counter.
+    unsafe { tpuk_shim_unboxed_records() }
+}
+
 /// Seeds the generator the device's random ops draw from.
 #[pyfunction]
 fn manual_seed(seed: u64) {
@@ -133,6 +142,7 @@ fn _device(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TORCH_VERSION", env!("TPUK_TORCH_VERSION"))?;
     m.add_function(wrap_pyfunction!(install, m)?)?;
     m.add_function(wrap_pyfunction!(bind, m)?)?;
+    m.add_function(wrap_pyfunction!(unboxed_records, m)?)?;
     m.add_function(wrap_pyfunction!(manual_seed, m)?)?;
     m.add_function(wrap_pyfunction!(seed, m)?)?;
     m.add_function(wrap_pyfunction!(initial_seed, m)?)?;

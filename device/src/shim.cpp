@@ -12,6 +12,10 @@
 
 #include "tpuk_device.h"
 
+#include <array>
+#include <atomic>
+#include <utility>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
@@ -762,11 +766,15 @@ void materialise_for(const c10::OperatorHandle& op, const torch::jit::Stack& sta
 // The entry of a boxed kernel at the key: in fused mode with the native recorder, true when
 // the recorder took the call; else, after flushing what the call needs, false (the caller runs
 // it).
+// Set while PyTorch's generic kernel runs a functional call the recorder declined: the out=
+// call it makes reaches the fallback, and is not handed to `record` again (one decline a call).
+thread_local bool t_declined = false;
+
 bool recorded_at_entry(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   check_installed();
   serial_on_engine_thread();
   if (g_api->mode() != TPUK_MODE_RECORD) return false;
-  if (try_record(op, stack)) return true;
+  if (!t_declined && try_record(op, stack)) return true;
   materialise_for(op, *stack);
   return false;
 }
@@ -941,9 +949,12 @@ void copy_message(const std::string& m, char* err, size_t cap);
 // The call `record` is handed: what `keep` keeps of it.
 struct CallContext {
   const c10::OperatorHandle* op;
-  const torch::jit::Stack* stack;
-  size_t first;
+  // The call's `nargs` arguments.
+  const c10::IValue* args;
   size_t nargs;
+  // Bit i: argument i is a device tensor left out of `args` (its slot None), as the unboxed
+  // entry passes them (`record_unboxed`).
+  uint64_t device_args;
 };
 
 // A recorded call as the shim keeps it until the flush: its operator and its arguments, with
@@ -976,10 +987,10 @@ void* keep_call(void* call) noexcept {
       return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
     };
     for (size_t i = 0; i < c->nargs; ++i) {
-      const c10::IValue& v = (*c->stack)[c->first + i];
+      const c10::IValue& v = c->args[i];
       // Device tensors are left out (the recorder gives their memory at a replay); a CPU
       // scalar stays. A list keeps its length and its None entries.
-      if (v.isTensor() && on_device(v.toTensor())) {
+      if (((c->device_args >> i) & 1) != 0 || (v.isTensor() && on_device(v.toTensor()))) {
         kept->tensor_positions.push_back({i, false, {}});
         kept->ntensors += 1;
         kept->args.emplace_back();
@@ -1436,7 +1447,7 @@ bool record_call(const c10::OperatorHandle* target, torch::jit::Stack* stack, si
   TORCH_CHECK(written.size() <= nret, "record: ", written.size(), " written tensors for ", nret,
               " results");
   Outs outs(nret - written.size());
-  CallContext call{target, stack, first, ntarget};
+  CallContext call{target, stack->data() + first, ntarget, 0};
   const auto key = reinterpret_cast<uintptr_t>(&schema);
   int32_t r = g_api->record(key, args.data(), ntarget, into.data(), into.size(), outs.data(),
                             outs.size(), nullptr, &call);
@@ -1469,13 +1480,18 @@ struct KernelAtKey final : c10::OperatorKernel {
   explicit KernelAtKey(uint32_t id) : id_(id) {}
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    run(op, stack, true);
+  }
+
+  // `may_record` false: the recorder already declined the call.
+  void run(const c10::OperatorHandle& op, torch::jit::Stack* stack, bool may_record) {
     const auto& schema = op.schema();
     const size_t nargs = schema.arguments().size();
     const size_t nret = schema.returns().size();
     const size_t first = stack->size() - nargs;
     check_devices(op, *stack, first);
     if (g_api->mode() == TPUK_MODE_RECORD) {
-      if (try_record(op, stack)) return;
+      if (may_record && try_record(op, stack)) return;
       materialise_for(op, *stack);
     }
     Scratch scratch;
@@ -1506,7 +1522,165 @@ struct KernelAtKey final : c10::OperatorKernel {
   uint32_t id_;
 };
 
+// ----- the unboxed entry -----
+//
+// A boxed kernel at the key costs every call a stack: each tensor argument is copied onto it,
+// and a tensor whose only reference was its Python object takes the GIL back twice (PyTorch
+// keeps the object alive while C++ holds a second reference). Ops whose arguments are only
+// tensors and scalars, returning one tensor (`mul.Tensor`, `add.Tensor`, `silu`: most
+// pointwise ops), get their kernel at the key unboxed too: in fused mode with the native
+// recorder, a call whose tensors are on the device (or 0-dim on the CPU) goes to `record`
+// with nothing boxed. Any other call, and the first call of a signature (its meta function
+// runs on a stack), runs the boxed kernel as before; a declined call runs it without a second
+// `record`.
+
+enum class Unboxed { kRecorded, kDeclined, kBoxed };
+
+// Calls the unboxed entry recorded (`tpu_kernels._device.unboxed_records()`).
+std::atomic<uint64_t> g_unboxed_records{0};
+
+bool unboxed_arg(const at::Tensor& t, size_t i, TpukArg& a, c10::IValue& slot, uint64_t& device) {
+  if (!t.defined()) return false;
+  if (t.device().type() == c10::DeviceType::PrivateUse1) {
+    a = tensor_arg(t);
+    device |= uint64_t{1} << i;
+    return true;
+  }
+  // A CPU scalar (Python's `x * 2.0`): kept with the call, as the boxed path keeps it.
+  if (!t.device().is_cpu() || t.dim() != 0) return false;
+  a = tensor_arg(t);
+  slot = c10::IValue(t);
+  return true;
+}
+
+bool unboxed_arg(const c10::Scalar& x, size_t, TpukArg& a, c10::IValue& slot, uint64_t&) {
+  std::memset(&a, 0, sizeof a);
+  if (x.isSymbolic()) return false;
+  if (x.isFloatingPoint()) {
+    a.kind = TPUK_DOUBLE;
+    a.d = x.toDouble();
+  } else if (x.isBoolean()) {
+    a.kind = TPUK_BOOL;
+    a.i = x.toBool();
+  } else if (x.isIntegral(false)) {
+    a.kind = TPUK_INT;
+    a.i = x.toLong();
+  } else {
+    return false;  // complex
+  }
+  slot = c10::IValue(x);
+  return true;
+}
+
+template <class... A>
+Unboxed record_unboxed(const c10::OperatorHandle& op, at::Tensor& result, const A&... a) {
+  check_installed();
+  serial_on_engine_thread();
+  if (g_api->mode() != TPUK_MODE_RECORD) return Unboxed::kBoxed;
+  const auto& schema = op.schema();
+  if (!schema_info(schema).recordable) return Unboxed::kBoxed;
+  constexpr size_t n = sizeof...(A);
+  std::array<TpukArg, n> args;
+  std::array<c10::IValue, n> slots;
+  uint64_t device = 0;
+  size_t i = 0;
+  bool ok = true;
+  auto one = [&](const auto& x) {
+    ok = ok && unboxed_arg(x, i, args[i], slots[i], device);
+    ++i;
+  };
+  (one(a), ...);
+  if (!ok) return Unboxed::kBoxed;
+  TpukOut out;
+  std::memset(&out, 0, sizeof out);
+  CallContext call{&op, slots.data(), n, device};
+  const auto key = reinterpret_cast<uintptr_t>(&schema);
+  int32_t r = g_api->record(key, args.data(), n, nullptr, 0, &out, 1, nullptr, &call);
+  if (r == TPUK_NEED_TYPES) return Unboxed::kBoxed;
+  TORCH_CHECK(r != TPUK_ERROR, last_message());
+  if (r != TPUK_RAN) return Unboxed::kDeclined;
+  result = wrap_output(out);
+  g_unboxed_records.fetch_add(1, std::memory_order_relaxed);
+  return Unboxed::kRecorded;
+}
+
+// The unboxed kernel over `boxed(op, stack, may_record)`, the op's boxed kernel.
+template <class Boxed, class... A>
+c10::KernelFunction unboxed_kernel(c10::OperatorHandle op, Boxed boxed) {
+  return c10::KernelFunction::makeFromUnboxedLambda(
+      [op, boxed](c10::DispatchKeySet, const A&... a) -> at::Tensor {
+        at::Tensor result;
+        const Unboxed u = record_unboxed(op, result, a...);
+        if (u == Unboxed::kRecorded) return result;
+        torch::jit::Stack stack;
+        stack.reserve(sizeof...(A));
+        (stack.emplace_back(a), ...);
+        boxed(op, &stack, u == Unboxed::kBoxed);
+        return std::move(stack.back()).toTensor();
+      });
+}
+
+// The unboxed kernel for `op`'s signature (tensors and scalars in one of the orders below,
+// one tensor returned), or none.
+template <class Boxed>
+std::optional<std::pair<c10::KernelFunction, c10::impl::CppSignature>> unboxed_for(
+    const c10::OperatorHandle& op, Boxed boxed) {
+  const auto& schema = op.schema();
+  if (schema.is_mutable() || schema.returns().size() != 1 ||
+      schema.returns()[0].type()->kind() != c10::TypeKind::TensorType ||
+      schema.returns()[0].alias_info() != nullptr) {
+    return std::nullopt;
+  }
+  std::string kinds;
+  for (const auto& arg : schema.arguments()) {
+    // Keyword-only arguments too: a C++ signature takes every argument in schema order.
+    if (arg.alias_info() != nullptr) return std::nullopt;
+    switch (arg.real_type()->kind()) {
+      case c10::TypeKind::TensorType: kinds += 'T'; break;
+      case c10::TypeKind::NumberType: kinds += 'S'; break;
+      default: return std::nullopt;
+    }
+  }
+  using T = at::Tensor;
+  using S = c10::Scalar;
+  auto with = [&](auto kernel, auto signature) {
+    return std::make_optional(std::make_pair(std::move(kernel), signature));
+  };
+  if (kinds == "T") {
+    return with(unboxed_kernel<Boxed, T>(op, boxed),
+                c10::impl::CppSignature::make<T(const T&)>());
+  }
+  if (kinds == "TT") {
+    return with(unboxed_kernel<Boxed, T, T>(op, boxed),
+                c10::impl::CppSignature::make<T(const T&, const T&)>());
+  }
+  if (kinds == "TS") {
+    return with(unboxed_kernel<Boxed, T, S>(op, boxed),
+                c10::impl::CppSignature::make<T(const T&, const S&)>());
+  }
+  if (kinds == "TTS") {
+    return with(unboxed_kernel<Boxed, T, T, S>(op, boxed),
+                c10::impl::CppSignature::make<T(const T&, const T&, const S&)>());
+  }
+  if (kinds == "TSS") {
+    return with(unboxed_kernel<Boxed, T, S, S>(op, boxed),
+                c10::impl::CppSignature::make<T(const T&, const S&, const S&)>());
+  }
+  if (kinds == "TTT") {
+    return with(unboxed_kernel<Boxed, T, T, T>(op, boxed),
+                c10::impl::CppSignature::make<T(const T&, const T&, const T&)>());
+  }
+  return std::nullopt;
+}
+
 std::mutex g_bind_lock;
+
+// The registrations of kernels bound unboxed, alive as the process is (as the libraries of the
+// boxed ones are).
+std::vector<c10::RegistrationHandleRAII>& g_bound() {
+  static auto* handles = new std::vector<c10::RegistrationHandleRAII>();
+  return *handles;
+}
 
 // One IMPL library per namespace; it lives as long as the process (kernels stay registered,
 // and an op whose kernels were removed is declined by the Rust side).
@@ -1533,10 +1707,19 @@ torch::Library& library_for(const std::string& ns) {
 // first time the runtime is installed; a kernel bound to such an op later replaces its entry.
 constexpr c10::DispatchKey kGenericKernelKey = c10::DispatchKey::PrivateUse3;
 
+// The generic kernel, on a call not recorded.
+void run_generic(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  struct Declined {
+    bool was = std::exchange(t_declined, true);
+    ~Declined() { t_declined = was; }
+  } declined;
+  op.redispatchBoxed(c10::DispatchKeySet(kGenericKernelKey), stack);
+}
+
 void direct_functional_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
                               torch::jit::Stack* stack) {
   if (recorded_at_entry(op, stack)) return;
-  op.redispatchBoxed(c10::DispatchKeySet(kGenericKernelKey), stack);
+  run_generic(op, stack);
 }
 
 std::unordered_map<c10::OperatorName, c10::RegistrationHandleRAII>& direct_functional() {
@@ -1571,6 +1754,22 @@ void register_direct_functional() {
     bool keep = std::any_of(std::begin(kept), std::end(kept),
                             [&](const char* k) { return name.name == k; });
     if (aliases || keep) continue;
+    auto boxed = [](const c10::OperatorHandle& o, torch::jit::Stack* stack, bool may_record) {
+      if (may_record) return direct_functional_kernel(o, {}, stack);
+      materialise_for(o, *stack);
+      run_generic(o, stack);
+    };
+    if (auto unboxed = unboxed_for(*op, boxed)) {
+      try {
+        handles.emplace(name, dispatcher.registerImpl(name, c10::DispatchKey::PrivateUse1,
+                                                      std::move(unboxed->first), unboxed->second,
+                                                      nullptr,
+                                                      "tpu_kernels: direct functional form"));
+        continue;
+      } catch (const std::exception&) {
+        // A C++ signature other than the schema's usual one: the boxed kernel below.
+      }
+    }
     handles.emplace(name, dispatcher.registerImpl(
                               name, c10::DispatchKey::PrivateUse1,
                               c10::KernelFunction::makeFromBoxedFunction<&direct_functional_kernel>(),
@@ -1692,6 +1891,20 @@ int tpuk_shim_bind(const char* ns, const char* name, const char* overload, uint3
     // The fallback's direct entry for a functional form gives way to the kernel.
     direct_functional().erase(handle->operator_name());
     std::string impl_name = std::string(name) + (*overload ? std::string(".") + overload : "");
+    auto kernel = std::make_shared<KernelAtKey>(id);
+    auto boxed = [kernel](const c10::OperatorHandle& o, torch::jit::Stack* stack, bool may_record) {
+      kernel->run(o, stack, may_record);
+    };
+    if (auto unboxed = unboxed_for(*handle, boxed)) {
+      try {
+        g_bound().push_back(c10::Dispatcher::singleton().registerImpl(
+            handle->operator_name(), c10::DispatchKey::PrivateUse1, std::move(unboxed->first),
+            unboxed->second, nullptr, "tpu_kernels: bound kernel"));
+        return 0;
+      } catch (const std::exception&) {
+        // A C++ signature other than the schema's usual one: the boxed kernel below.
+      }
+    }
     library_for(ns).impl(impl_name.c_str(),
                          torch::CppFunction::makeFromBoxedFunctor(
                              std::make_unique<KernelAtKey>(id)));
@@ -1701,6 +1914,8 @@ int tpuk_shim_bind(const char* ns, const char* name, const char* overload, uint3
     return 1;
   }
 }
+
+uint64_t tpuk_shim_unboxed_records() { return g_unboxed_records.load(std::memory_order_relaxed); }
 
 void tpuk_shim_manual_seed(uint64_t seed) {
   at::Generator& gen = tpu_generator();

@@ -671,6 +671,78 @@ def test_an_input_read_again_after_a_write_into_it_reads_the_written_value(nativ
     torch.testing.assert_close(wt.cpu(), w + 1.0)
 
 
+def _pointwise(xt, wt):
+    a = F.silu(xt)  # a bound kernel's op: one tensor
+    b = a * wt  # two tensors
+    c = torch.add(b, xt, alpha=2.0)  # two tensors and a scalar
+    d = c * 3.0  # Python's float as a 0-dim CPU tensor
+    e = d.pow(2)  # a tensor and a scalar
+    f = e.sum(dim=[0])  # an int list: boxed
+    return e, f
+
+
+def test_pointwise_calls_reach_the_recorder_unboxed(native):
+    """Calls of tensors and scalars returning one tensor reach `record` through the shim's
+    unboxed entry, nothing boxed (counted by the shim); a call with an argument of another kind
+    goes boxed. The first call of a signature goes boxed too (its meta function runs on a
+    stack): the second step is counted."""
+    from tpu_kernels import _device
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    xt, wt = x.to("tpu"), w.to("tpu")
+    held = _pointwise(xt, wt)  # held: the same outputs, the same trace
+    torch.tpu.synchronize()
+    before, unboxed = _rec(), _device.unboxed_records()
+    e, f = _pointwise(xt, wt)
+    torch.tpu.synchronize()
+    del held
+    assert _device.unboxed_records() - unboxed == 5
+    assert _delta(before, _rec(), "recorded", "flushes", "hits") == {"recorded": 6, "flushes": 1, "hits": 1}
+    device.set_mode("strict")
+    ref = (torch.add(F.silu(x) * w, x, alpha=2.0) * 3.0).pow(2)
+    torch.testing.assert_close(e.cpu(), ref)
+    torch.testing.assert_close(f.cpu(), ref.sum(dim=[0]))
+
+
+def test_pointwise_calls_outside_fused_mode_run_as_before():
+    """In strict mode the unboxed entry runs the boxed kernel: a bound kernel's op runs its
+    kernel, the others PyTorch's CPU kernels on the device's memory; nothing is recorded."""
+    from tpu_kernels import _device
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8)
+    unboxed, before = _device.unboxed_records(), _rec()
+    e, f = _pointwise(x.to("tpu"), w.to("tpu"))
+    assert _device.unboxed_records() == unboxed
+    assert _rec()["recorded"] == before["recorded"]
+    ref = (torch.add(F.silu(x) * w, x, alpha=2.0) * 3.0).pow(2)
+    torch.testing.assert_close(e.cpu(), ref)
+    torch.testing.assert_close(f.cpu(), ref.sum(dim=[0]))
+
+
+@pytest.mark.parametrize(
+    "op, call",
+    [
+        ("aten::igamma.default", lambda a: torch.igamma(a, a + 1.0)),  # the unboxed entry
+        ("aten::polygamma.default", lambda a: torch.special.polygamma(1, a)),  # boxed only
+    ],
+    ids=["unboxed", "boxed"],
+)
+def test_a_call_with_no_lowering_is_declined_once_and_runs(native, op, call):
+    """A functional call whose op has no lowering is declined once, with its reason (PyTorch's
+    generic kernel then runs it through its out= form, which is not handed to the recorder
+    again), and computes what PyTorch does."""
+    x = torch.rand(4, 4) + 0.5
+    xt = x.to("tpu")
+    before = dict(_rec()["declined"]).get(op, (0, ""))[0]
+    z = call(xt)
+    torch.tpu.synchronize()
+    count, reason = dict(_rec()["declined"])[op]
+    assert count - before == 1
+    assert "no lowering" in reason, reason
+    device.set_mode("strict")
+    torch.testing.assert_close(z.cpu(), call(x))
+
+
 def test_a_program_that_fails_to_run_is_evicted_and_replayed_on_pytorch(native):
     x = torch.randn(7, 7)
     xt = x.to("tpu")
