@@ -348,8 +348,14 @@ struct Recorder {
     inputs: Vec<ExtInput>,
     /// The row-major inputs read whole, by address: their index in `inputs`.
     whole_inputs: FxHashMap<usize, usize>,
-    /// Lifted floats: their zero-dim type and bytes (program inputs after `inputs`).
-    lifted: Vec<(TensorType, Vec<u8>)>,
+    /// Lifted floats and CPU indices: their type and where their bytes are in `lifted_bytes`
+    /// (program inputs after `inputs`).
+    lifted: Vec<(TensorType, std::ops::Range<usize>)>,
+    /// The lifted inputs' bytes, each starting a slot of its own. The arena keeps its memory
+    /// from trace to trace, so a step's lifted inputs sit where the last step's did and find
+    /// their PJRT views in the runtime's view cache: a float lifted at each step (a bias
+    /// correction, say) otherwise got a fresh 4-byte allocation, and a new view, every run.
+    lifted_bytes: Vec<LiftSlot>,
     /// Placeholder blocks of the pending trace: start -> (end, value).
     blocks: BTreeMap<usize, (usize, usize)>,
     /// Reshapes and permutes already recorded: (what, kind, params) -> value.
@@ -1719,7 +1725,7 @@ fn record(
         if lifted.contains(&i) {
             let x = float_at(a).unwrap_or_default();
             let ty = TensorType::new(types[0].dtype, Shape::scalar());
-            refs.push(Some(r.lift(ty, float_bytes(x, types[0].dtype))));
+            refs.push(Some(r.lift(ty, &float_bytes(x, types[0].dtype))));
             node_args.push(Arg::Tensor(TensorRef::new(String::new())));
             continue;
         }
@@ -1750,7 +1756,7 @@ fn record(
                             ty.dtype.byte_size(),
                         )
                     };
-                    refs.push(Some(r.lift(ty, data)));
+                    refs.push(Some(r.lift(ty, &data)));
                     list.push(Some(TensorRef::new(String::new())));
                     continue;
                 }
@@ -1939,14 +1945,48 @@ fn record(
     RECORDED
 }
 
+/// A unit of [`Recorder::lifted_bytes`]: aligned as the runtime's views of host memory need
+/// (`VIEW_ALIGNMENT`).
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct LiftSlot([u8; LIFT_SLOT]);
+
+const LIFT_SLOT: usize = 64;
+const _: () = assert!(LIFT_SLOT == tpu_kernels_registry::pjrt::VIEW_ALIGNMENT);
+
 impl Recorder {
     /// A program input of type `ty` holding `bytes`, taken at the call (a lifted float, CPU
     /// indices): the argument's reference to it.
-    fn lift(&mut self, ty: TensorType, bytes: Vec<u8>) -> ArgRef {
+    fn lift(&mut self, ty: TensorType, bytes: &[u8]) -> ArgRef {
         let j = self.lifted.len();
-        self.lifted.push((ty, bytes));
+        let start = self.lifted_bytes.len() * LIFT_SLOT;
+        let slots = bytes.len().div_ceil(LIFT_SLOT).max(1);
+        self.lifted_bytes.resize(self.lifted_bytes.len() + slots, LiftSlot([0; LIFT_SLOT]));
+        self.lifted_bytes_mut()[start..start + bytes.len()].copy_from_slice(bytes);
+        self.lifted.push((ty, start..start + bytes.len()));
         let r = Ref::Lifted(j);
         ArgRef { graph: r, base: r, sizes: Vec::new(), strides: Vec::new(), offset: 0 }
+    }
+
+    /// The lifted inputs' arena as bytes.
+    fn lifted_bytes(&self) -> &[u8] {
+        // SAFETY: `LiftSlot` is plain bytes (`repr(C)`, no padding: 64 bytes at alignment 64).
+        unsafe {
+            std::slice::from_raw_parts(
+                self.lifted_bytes.as_ptr().cast::<u8>(),
+                self.lifted_bytes.len() * LIFT_SLOT,
+            )
+        }
+    }
+
+    fn lifted_bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `lifted_bytes`, and the borrow is unique.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.lifted_bytes.as_mut_ptr().cast::<u8>(),
+                self.lifted_bytes.len() * LIFT_SLOT,
+            )
+        }
     }
 
     /// Undoes a call's changes to the trace (a decline after its arguments were resolved).
@@ -1954,6 +1994,9 @@ impl Recorder {
         &mut self,
         (nodes, values, inputs, key, lifted): (usize, usize, usize, usize, usize),
     ) {
+        if let Some((_, bytes)) = self.lifted.get(lifted) {
+            self.lifted_bytes.truncate(bytes.start / LIFT_SLOT);
+        }
         self.lifted.truncate(lifted);
         self.nodes.truncate(nodes);
         self.values.truncate(values);
@@ -2077,6 +2120,7 @@ impl Recorder {
         self.inputs.clear();
         self.whole_inputs.clear();
         self.lifted.clear();
+        self.lifted_bytes.clear();
         self.blocks.clear();
         self.derivations.clear();
         self.key.clear();
@@ -2109,8 +2153,9 @@ unsafe fn host_inputs<'a>(
         };
         host.push(HostTensor { ty: &x.ty, data, contiguous: true });
     }
+    let arena = r.lifted_bytes();
     for (ty, bytes) in &r.lifted {
-        host.push(HostTensor { ty, data: bytes, contiguous: true });
+        host.push(HostTensor { ty, data: &arena[bytes.clone()], contiguous: true });
     }
     for &v in live {
         let value = &r.values[v];

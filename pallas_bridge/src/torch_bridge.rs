@@ -1330,6 +1330,7 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         g.set_item("runs", gs.runs)?;
         g.set_item("run_time_s", gs.run_nanos as f64 * 1e-9)?;
         g.set_item("inputs_gathered", gs.inputs_gathered)?;
+        g.set_item("view_misses", rt.views.misses())?;
         g.set_item("inputs_updated_in_place", gs.inputs_updated_in_place)?;
         g.set_item("inputs_updated_by_copy", gs.inputs_updated_by_copy)?;
         g.set_item("outputs_pooled", gs.outputs_pooled)?;

@@ -111,6 +111,34 @@ def test_floats_that_change_every_step_are_program_inputs(native):
     torch.testing.assert_close(y.cpu(), x * 0.5 + 1.25)
 
 
+def test_lifted_floats_keep_their_views_from_step_to_step(native):
+    """A lifted float's bytes sit where the last step's did, so a repeated step makes no new PJRT
+    view of its inputs (each would cost as much as copying a small input)."""
+    x = torch.randn(64)
+    xt = x.to("tpu")
+
+    def step(k):
+        scale = 1.0 / (1.0 - 0.9**k)
+        return (xt * scale).add(xt, alpha=-scale / 3) / (k + 0.5)
+
+    held = []
+    for k in (1, 2):
+        held.append(step(k))  # held, so that the step runs a program
+        torch.tpu.synchronize()
+    before, views = _rec(), report().graphs["view_misses"]
+    outs = []
+    for k in range(3, 8):
+        outs.append(step(k))
+        torch.tpu.synchronize()
+    d = _delta(before, _rec(), "hits", "programs_run", "replays")
+    assert d == {"hits": 5, "programs_run": 5, "replays": 0}, d
+    assert report().graphs["view_misses"] == views
+    device.set_mode("strict")
+    for k, o in enumerate(outs, start=3):
+        scale = 1.0 / (1.0 - 0.9**k)
+        torch.testing.assert_close(o.cpu(), (x * scale).add(x, alpha=-scale / 3) / (k + 0.5))
+
+
 def test_in_place_and_out_calls_are_recorded_into_their_tensors(native):
     x, w = torch.randn(6, 6), torch.randn(6, 6)
     xt, wt = x.to("tpu"), w.to("tpu")

@@ -235,6 +235,13 @@ fn the_view_cache_hands_out_views_of_exactly_the_memory_asked_for() {
             big.input(&client, bytemuck_bytes(host), ElementType::F32, &[1024]).unwrap();
         }
         assert_eq!(big.len(), hosts.len());
+        assert_eq!(big.misses(), hosts.len() as u64);
+    }
+    // Memory that cannot be viewed (misaligned here) is a miss every time.
+    let odd = &bytemuck_bytes(&hosts[1])[4..2052];
+    for k in 1..=2 {
+        big.input(&client, odd, ElementType::F32, &[512]).unwrap();
+        assert_eq!(big.misses(), (hosts.len() + k) as u64);
     }
 }
 

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::buffer::VIEW_ALIGNMENT;
@@ -60,6 +61,7 @@ impl Client {
 pub struct ViewCache {
     capacity: usize,
     state: Mutex<Views>,
+    misses: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -91,7 +93,11 @@ impl ViewCache {
     /// A cache keeping the `capacity` most recently used views (a compiled program's inputs
     /// are a model's parameters and saved activations: hundreds).
     pub fn with_capacity(capacity: usize) -> ViewCache {
-        ViewCache { capacity: capacity.max(1), state: Mutex::new(Views::default()) }
+        ViewCache {
+            capacity: capacity.max(1),
+            state: Mutex::new(Views::default()),
+            misses: AtomicU64::new(0),
+        }
     }
 
     /// `data` as an execution input (see [`Client::host_input`]), through a cached view when a
@@ -104,7 +110,11 @@ impl ViewCache {
         dims: &[i64],
     ) -> Result<HostInput<'a>> {
         let address = data.as_ptr() as usize;
-        if data.is_empty() || !address.is_multiple_of(VIEW_ALIGNMENT) {
+        if data.is_empty() {
+            return client.host_input(data, ty, dims);
+        }
+        if !address.is_multiple_of(VIEW_ALIGNMENT) {
+            self.misses.fetch_add(1, Ordering::Relaxed);
             return client.host_input(data, ty, dims);
         }
         let key = (address, data.len(), ty);
@@ -118,6 +128,7 @@ impl ViewCache {
                 return Ok(HostInput { buffer: view.buffer.clone(), _data: PhantomData });
             }
         }
+        self.misses.fetch_add(1, Ordering::Relaxed);
         // SAFETY: see the type's comment: the view leaves the cache only inside a `HostInput`
         // borrowing exactly these bytes, and is never donated or read otherwise.
         let view = match unsafe { client.view_of_host_bytes(data, ty, dims) } {
@@ -147,6 +158,12 @@ impl ViewCache {
             st.len += 1;
         }
         Ok(HostInput { buffer: view, _data: PhantomData })
+    }
+
+    /// How many inputs with bytes the cache did not hold: each got a view made for it, or a
+    /// copy where its memory could not be viewed (misaligned, or refused by the plugin).
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
     }
 
     /// How many views the cache holds.
