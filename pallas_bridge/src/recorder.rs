@@ -9,7 +9,9 @@
 //! `torch.tpu.synchronize()`, a change of mode) [`flush`] lowers the trace to one graph program
 //! through the same graph lowering the compiled path uses, and runs it with the memory of each
 //! placeholder still referenced lent to the program as that output's destination: a placeholder
-//! a user holds is filled in place, one nobody holds is never written.
+//! a user holds is filled in place, one nobody holds is never written. A value written back
+//! over an input's memory (an optimizer's update) is written there by the program, the input
+//! donated ([`Recorder::written_over_inputs`]).
 //!
 //! - **Output types** come from the op's meta function, which the shim runs only when this
 //!   module asks for them ([`NEED_TYPES`]): once per op and argument signature (the types and
@@ -356,6 +358,9 @@ struct Recorder {
     /// their PJRT views in the runtime's view cache: a float lifted at each step (a bias
     /// correction, say) otherwise got a fresh 4-byte allocation, and a new view, every run.
     lifted_bytes: Vec<LiftSlot>,
+    /// Zeros, the bytes of the inputs only a type is taken of: kept from trace to trace (never
+    /// written, only grown), so that their views are found again as the lifted inputs' are.
+    zero_slots: Vec<LiftSlot>,
     /// Placeholder blocks of the pending trace: start -> (end, value).
     blocks: BTreeMap<usize, (usize, usize)>,
     /// Reshapes and permutes already recorded: (what, kind, params) -> value.
@@ -523,6 +528,18 @@ fn tensor_type(i: usize, a: &TpukArg) -> Result<TensorType, String> {
 
 fn numel(ty: &TensorType) -> usize {
     ty.shape.num_elements().unwrap_or(0) as usize
+}
+
+/// The bytes an input spans, `[start, end)` (a strided one's, first element to last).
+fn input_span(x: &ExtInput) -> (usize, usize) {
+    let extent = match &x.gather {
+        Some((sizes, strides)) => {
+            let last: i64 = sizes.iter().zip(strides).map(|(&n, &st)| (n - 1).max(0) * st).sum();
+            (last as usize + 1) * x.ty.dtype.byte_size()
+        }
+        None => x.bytes,
+    };
+    (x.addr, x.addr + extent)
 }
 
 /// The signature of a call (op, argument kinds, tensor types, static values), or why the
@@ -1952,6 +1969,11 @@ fn record(
 struct LiftSlot([u8; LIFT_SLOT]);
 
 const LIFT_SLOT: usize = 64;
+
+fn slot_bytes(slots: &[LiftSlot]) -> &[u8] {
+    // SAFETY: `LiftSlot` is plain bytes (`repr(C)`, no padding: 64 bytes at alignment 64).
+    unsafe { std::slice::from_raw_parts(slots.as_ptr().cast::<u8>(), slots.len() * LIFT_SLOT) }
+}
 const _: () = assert!(LIFT_SLOT == tpu_kernels_registry::pjrt::VIEW_ALIGNMENT);
 
 impl Recorder {
@@ -1970,22 +1992,20 @@ impl Recorder {
 
     /// The lifted inputs' arena as bytes.
     fn lifted_bytes(&self) -> &[u8] {
-        // SAFETY: `LiftSlot` is plain bytes (`repr(C)`, no padding: 64 bytes at alignment 64).
-        unsafe {
-            std::slice::from_raw_parts(
-                self.lifted_bytes.as_ptr().cast::<u8>(),
-                self.lifted_bytes.len() * LIFT_SLOT,
-            )
-        }
+        slot_bytes(&self.lifted_bytes)
+    }
+
+    /// The zeros given to inputs only a type is taken of.
+    fn zeros(&self) -> &[u8] {
+        slot_bytes(&self.zero_slots)
     }
 
     fn lifted_bytes_mut(&mut self) -> &mut [u8] {
-        // SAFETY: as in `lifted_bytes`, and the borrow is unique.
+        let slots = &mut self.lifted_bytes;
+        // SAFETY: `LiftSlot` is plain bytes (`repr(C)`, no padding: 64 bytes at alignment 64),
+        // and the borrow is unique.
         unsafe {
-            std::slice::from_raw_parts_mut(
-                self.lifted_bytes.as_mut_ptr().cast::<u8>(),
-                self.lifted_bytes.len() * LIFT_SLOT,
-            )
+            std::slice::from_raw_parts_mut(slots.as_mut_ptr().cast::<u8>(), slots.len() * LIFT_SLOT)
         }
     }
 
@@ -2037,8 +2057,9 @@ impl Recorder {
         }
     }
 
-    /// The trace as a graph: its inputs, then one lent input per live value (`live`).
-    fn graph(&self, live: &[usize]) -> Graph {
+    /// The trace as a graph: its inputs, then one lent input per live value (`live`) but
+    /// those written over an input (`over`, see [`Recorder::written_over_inputs`]).
+    fn graph(&self, live: &[usize], over: &[(usize, usize)]) -> Graph {
         let mut inputs: Vec<Input> = self
             .inputs
             .iter()
@@ -2054,6 +2075,7 @@ impl Recorder {
         inputs.extend(
             live.iter()
                 .enumerate()
+                .filter(|(j, _)| !over.iter().any(|&(_, o)| o == *j))
                 .map(|(j, &v)| Input { name: format!("lent{j}"), ty: self.values[v].ty.clone() }),
         );
         let nodes = self
@@ -2102,16 +2124,51 @@ impl Recorder {
     /// Whether an input of the pending trace reads memory in `[start, end)`.
     fn reads(&self, start: usize, end: usize) -> bool {
         self.inputs.iter().filter(|x| x.unread.is_none()).any(|x| {
-            let extent = match &x.gather {
-                Some((sizes, strides)) => {
-                    let last: i64 =
-                        sizes.iter().zip(strides).map(|(&n, &st)| (n - 1).max(0) * st).sum();
-                    (last as usize + 1) * x.ty.dtype.byte_size()
-                }
-                None => x.bytes,
-            };
-            x.addr < end && x.addr + extent > start
+            let (a, b) = input_span(x);
+            a < end && b > start
         })
+    }
+
+    /// The live values (by their index in `live`) whose memory is exactly that of an input the
+    /// trace reads whole, and which no other input or live value touches: `(input, index)`.
+    /// An optimizer's parameters and states are such values: the program reads each and writes
+    /// its new value back there. The program writes such an output into the input itself
+    /// (donated), where a lent input of its own would share the input's memory, could not be
+    /// donated, and would be written into a new buffer and copied back after the run.
+    fn written_over_inputs(&self, live: &[usize]) -> Vec<(usize, usize)> {
+        let spans: Vec<(usize, usize)> = live
+            .iter()
+            .map(|&v| {
+                let start = self.home_of(v);
+                (start, start + numel(&self.values[v].ty) * self.values[v].ty.dtype.byte_size())
+            })
+            .collect();
+        let mut pairs = Vec::new();
+        for (j, &v) in live.iter().enumerate() {
+            let (start, end) = spans[j];
+            if start == end {
+                continue;
+            }
+            let Some(&k) = self.whole_inputs.get(&start) else { continue };
+            let x = &self.inputs[k];
+            if x.gather.is_some() || x.unread.is_some() || x.bytes != end - start {
+                continue;
+            }
+            if x.ty != self.values[v].ty {
+                continue;
+            }
+            let overlaps = |(a, b): (usize, usize)| a < end && b > start;
+            let shared = self
+                .inputs
+                .iter()
+                .enumerate()
+                .any(|(k2, y)| k2 != k && y.unread.is_none() && overlaps(input_span(y)))
+                || spans.iter().enumerate().any(|(j2, &sp)| j2 != j && overlaps(sp));
+            if !shared {
+                pairs.push((k, j));
+            }
+        }
+        pairs
     }
 
     fn reset(&mut self) -> Vec<Deferred> {
@@ -2138,6 +2195,7 @@ impl Recorder {
 unsafe fn host_inputs<'a>(
     r: &'a Recorder,
     live: &'a [usize],
+    over: &[(usize, usize)],
     gathered: &'a [Option<Vec<u8>>],
     zeros: &'a [u8],
 ) -> Vec<HostTensor<'a>> {
@@ -2157,7 +2215,10 @@ unsafe fn host_inputs<'a>(
     for (ty, bytes) in &r.lifted {
         host.push(HostTensor { ty, data: &arena[bytes.clone()], contiguous: true });
     }
-    for &v in live {
+    for (j, &v) in live.iter().enumerate() {
+        if over.iter().any(|&(_, o)| o == j) {
+            continue;
+        }
         let value = &r.values[v];
         let n = numel(&value.ty) * value.ty.dtype.byte_size();
         // SAFETY: a live placeholder's block, at least `n` bytes.
@@ -2195,9 +2256,14 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
     let Some(rt) = runtime_if_ready() else {
         return Err("the tpu device's runtime is not started".to_owned());
     };
+    let over = r.written_over_inputs(&live);
     let mut key = std::mem::take(&mut r.key);
     key.push(-2);
     key.extend(live.iter().map(|&v| v as i64));
+    // Which outputs are written over an input is not in the recorded calls: the program
+    // differs with it.
+    key.push(-3);
+    key.extend(over.iter().flat_map(|&(k, j)| [k as i64, j as i64]));
     let structure = live.iter().fold(fold(r.structure, u64::MAX), |h, &v| fold(h, v as u64));
     let compiled = r.compiled.get(&structure).copied().unwrap_or(0);
     if compiled >= recompile_limit()
@@ -2225,7 +2291,7 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
             }
             None => {
                 let t = Instant::now();
-                let compiled = compile(rt, r, &live);
+                let compiled = compile(rt, r, &live, &over);
                 r.stats.compile_nanos += t.elapsed().as_nanos() as u64;
                 *r.compiled.entry(structure).or_default() += 1;
                 compiled
@@ -2243,9 +2309,14 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
                 e
             }),
         };
+        let unread = r.inputs.iter().filter(|x| x.unread.is_some()).map(|x| x.bytes).max();
+        let slots = unread.unwrap_or(0).div_ceil(LIFT_SLOT);
+        if r.zero_slots.len() < slots {
+            r.zero_slots.resize(slots, LiftSlot([0; LIFT_SLOT]));
+        }
         entry.and_then(|e| {
             let t = Instant::now();
-            let ran = run_entry(rt, r, &e, &live);
+            let ran = run_entry(rt, r, &e, &live, &over);
             r.stats.run_nanos += t.elapsed().as_nanos() as u64;
             ran.inspect_err(|m| {
                 r.traces.remove(&key);
@@ -2274,16 +2345,36 @@ fn run_trace(r: &mut Recorder, reason: &str) -> Result<(), String> {
     }
 }
 
-fn compile(rt: &Runtime, r: &Recorder, live: &[usize]) -> Result<Entry, String> {
-    let graph = r.graph(live);
+fn compile(
+    rt: &Runtime,
+    r: &Recorder,
+    live: &[usize],
+    over: &[(usize, usize)],
+) -> Result<Entry, String> {
+    let graph = r.graph(live, over);
     let n = r.inputs.len() + r.lifted.len();
-    let loans: Vec<(usize, usize)> = (0..live.len()).map(|j| (n + j, j)).collect();
+    let mut lent = n;
+    let loans: Vec<(usize, usize)> = (0..live.len())
+        .map(|j| match over.iter().find(|&&(_, o)| o == j) {
+            Some(&(k, _)) => (k, j),
+            None => {
+                lent += 1;
+                (lent - 1, j)
+            }
+        })
+        .collect();
     let program = crate::torch_bridge::compile_graph_native(rt, &graph.to_json(), &loans)
         .map_err(|e| format!("the trace did not compile: {}", e.message))?;
     Ok(Entry { program, loans })
 }
 
-fn run_entry(rt: &Runtime, r: &Recorder, e: &Entry, live: &[usize]) -> Result<(), String> {
+fn run_entry(
+    rt: &Runtime,
+    r: &Recorder,
+    e: &Entry,
+    live: &[usize],
+    over: &[(usize, usize)],
+) -> Result<(), String> {
     let start = Instant::now();
     let gathered: Vec<Option<Vec<u8>>> = r
         .inputs
@@ -2303,18 +2394,18 @@ fn run_entry(rt: &Runtime, r: &Recorder, e: &Entry, live: &[usize]) -> Result<()
             })
         })
         .collect();
-    // The inputs only a type is taken of share one buffer of zeros.
-    let unread = r.inputs.iter().filter(|x| x.unread.is_some()).map(|x| x.bytes).max();
-    let zeros = vec![0u8; unread.unwrap_or(0)];
+    // The inputs only a type is taken of share one buffer of zeros (see `Recorder::zeros`).
+    let zeros = r.zeros();
     // SAFETY: device memory stays alive while the trace is pending; the lent blocks are live
     // placeholders', written by this program alone.
-    let host = unsafe { host_inputs(r, live, &gathered, &zeros) };
+    let host = unsafe { host_inputs(r, live, over, &gathered, zeros) };
     // SAFETY: each loan is a lent value's block (see above), which no other input shares.
     let run = unsafe { e.program.run_lent(rt, &host, &e.loans) }?;
     for (j, out) in run.outputs.into_iter().enumerate() {
         let Some(buffer) = out else { continue };
         let dst = r.home_of(live[j]) as *mut u8;
-        let n = host[r.inputs.len() + r.lifted.len() + j].data.len();
+        let ty = &r.values[live[j]].ty;
+        let n = numel(ty) * ty.dtype.byte_size();
         buffer
             .read_in_place(|bytes| {
                 // SAFETY: the value's block holds `n` bytes; the output is that value's type.

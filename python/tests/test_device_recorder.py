@@ -139,6 +139,38 @@ def test_lifted_floats_keep_their_views_from_step_to_step(native):
         torch.testing.assert_close(o.cpu(), (x * scale).add(x, alpha=-scale / 3) / (k + 0.5))
 
 
+def test_values_written_over_their_inputs_are_updated_in_place(native):
+    """An optimizer's update: each parameter is read and its new value written back over it.
+    The program writes it there itself (the input donated), not into a buffer of its own that
+    is copied back after the run."""
+    ps = [torch.randn(32, 16) for _ in range(3)]
+    gs = [torch.randn(32, 16) for _ in range(3)]
+    pt, gt = [p.to("tpu") for p in ps], [g.to("tpu") for g in gs]
+
+    def step(params, grads):
+        for p, g in zip(params, grads):
+            p.mul_(0.9).add_(g, alpha=-0.1)
+
+    def counts():
+        g = report().graphs
+        return g["inputs_updated_in_place"], g["inputs_updated_by_copy"]
+
+    step(pt, gt)
+    torch.tpu.synchronize()
+    before, (in_place, by_copy) = _rec(), counts()
+    for _ in range(2):
+        step(pt, gt)
+        torch.tpu.synchronize()
+    d = _delta(before, _rec(), "programs_run", "hits", "replays")
+    assert d == {"programs_run": 2, "hits": 2, "replays": 0}, d
+    assert counts() == (in_place + 6, by_copy), (counts(), in_place, by_copy)
+    device.set_mode("strict")
+    for _ in range(3):
+        step(ps, gs)
+    for got, want in zip(pt, ps):
+        torch.testing.assert_close(got.cpu(), want)
+
+
 def test_in_place_and_out_calls_are_recorded_into_their_tensors(native):
     x, w = torch.randn(6, 6), torch.randn(6, 6)
     xt, wt = x.to("tpu"), w.to("tpu")
