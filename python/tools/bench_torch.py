@@ -385,9 +385,46 @@ def adamw_in_place(repeats: int) -> tuple[dict[str, float | str], float]:
         p.mul_(1 - 1e-5).addcdiv_(m, (v / (1 - 0.999**10)).sqrt_().add_(1e-8), value=-1e-3 / (1 - 0.9**10))
 
     out["PyTorch eager, ATen in-place ops"] = timed_ms(aten, repeats)
+    out.update(optimizer_steps(p, g, repeats))
     src, dst = torch.randn(moved // 8), torch.empty(moved // 8)
     out["memcpy of the same bytes (copy_)"] = timed_ms(lambda: dst.copy_(src), repeats)
     return out, moved
+
+
+def optimizer_steps(p, g, repeats: int) -> dict[str, float | str]:
+    """`torch.optim.AdamW(foreach=False).step()` on one parameter `p` with gradient `g`, as a
+    user's training loop runs it: eager on CPU tensors, and on the "tpu" device in strict mode
+    and in fused mode with the native recorder (one program a step, the parameter and its states
+    written in place), each step ended by a sync."""
+    import tpu_kernels.device as device
+
+    def make(on_tpu: bool):
+        param = torch.nn.Parameter(p.clone().to("tpu") if on_tpu else p.clone())
+        param.grad = g.to("tpu") if on_tpu else g.clone()
+        opt = torch.optim.AdamW([param], lr=1e-3, foreach=False)
+
+        def f():
+            opt.step()
+            if on_tpu:
+                torch.tpu.synchronize()
+
+        return f
+
+    out: dict[str, float | str] = {}
+    out["torch.optim.AdamW, eager, CPU tensors"] = timed_ms(make(False), repeats)
+    try:
+        device.set_mode("strict")
+        out["torch.optim.AdamW, tpu strict"] = timed_ms(make(True), repeats)
+        device.set_mode("fused", recorder="native")
+        f = make(True)
+        f()  # the first steps record, compile and lift the bias corrections
+        f()
+        out["torch.optim.AdamW, tpu fused (native recorder)"] = ours_timed(
+            "AdamW fused on tpu", lambda: timed_ms(f, repeats), f, programs=1
+        )
+    finally:
+        device.set_mode("strict")
+    return out
 
 
 def _recorded_chain(x, w, n_ops: int):
