@@ -444,11 +444,16 @@ def test_debug_mode_checks_every_op_on_the_device(device_mode):
         assert y.shape == (4, 8)
 
 
-def test_fused_mode_on_the_device_stays_one_program(device_mode):
+@pytest.mark.parametrize("recorder", ["native", "python"])
+def test_fused_mode_on_the_device_stays_one_program(device_mode, recorder):
     """What PyTorch lets CPU tensors do beside device tensors (index tensors of `index`, zero-dim
     scalars), SDPA's question which fused attention the device takes (metadata only) and
-    `fill_` / `zero_` on pending values all stay in the trace: one program."""
+    `fill_` / `zero_` on pending values all stay in the trace: one program, flushed once, by the
+    sync, with either recorder."""
     from tpu_kernels.torch import report
+
+    def reasons() -> dict:
+        return dict(report().device["recorder"]["reasons"] if recorder == "native" else report().fused["reasons"])
 
     q = torch.randn(2, 4, 8, 16)
     rows, scale = torch.tensor([0, 15, 3]), torch.tensor(0.5)
@@ -461,14 +466,14 @@ def test_fused_mode_on_the_device_stays_one_program(device_mode):
 
     ref = f(q)
     qt = q.to("tpu")
-    before = report().fused["reasons"]
+    before = reasons()
     with no_fallbacks(programs=1):
-        device_mode("fused")
+        device_mode("fused", recorder=recorder)
         got = f(qt)
         torch.tpu.synchronize()
     device_mode("strict")
     sync = "torch.tpu.synchronize"
-    assert report().fused["reasons"] == {**before, sync: before.get(sync, 0) + 1}, report().fused["reasons"]
+    assert reasons() == {**before, sync: before.get(sync, 0) + 1}, reasons()
     for g, r in zip(got, ref):
         assert g.device.type == "tpu"
         torch.testing.assert_close(g.cpu(), r)

@@ -832,20 +832,55 @@ def test_a_call_the_recorder_declines_says_why(native):
     assert any("nonzero" in op or op == "?" for op in declined), declined
 
 
+def test_the_report_says_what_the_native_recorder_did(native):
+    xt = torch.randn(4, 8).to("tpu")
+    y = torch.sin(xt) * 2.0
+    torch.tpu.synchronize()
+    torch.nonzero(xt > 0)  # declined: a data-dependent output shape
+    text = str(report())
+    line = [s for s in text.splitlines() if s.startswith("  fused mode, native recorder: ")]
+    assert line and "programs run; trace cache: " in line[0] and "torch.tpu.synchronize=" in line[0], text
+    assert "calls not recorded (run as in strict mode after a flush): " in text, text
+    torch.testing.assert_close(y.cpu(), torch.sin(xt.cpu()) * 2.0)
+
+
 def test_set_mode_rejects_an_unknown_recorder():
     with pytest.raises(ValueError, match="recorder must be one of 'python', 'native', not 'rust'"):
         device.set_mode("fused", recorder="rust")
     assert device.get_mode() == "strict"
 
 
-def test_a_zoo_model_trains_a_step_with_the_native_recorder(monkeypatch):
+def test_the_native_recorder_is_the_default(monkeypatch):
+    """`set_mode("fused")` records natively unless `TPUK_FUSED_RECORDER` or `recorder=` says
+    "python": the ops land in the native recorder's counters, not in the Python mode's."""
+    x = torch.randn(8, 8).to("tpu")
+    monkeypatch.delenv("TPUK_FUSED_RECORDER", raising=False)
+    try:
+        device.set_mode("fused")
+        assert device.get_recorder() == "native"
+        before, python_before = _rec()["recorded"], report().fused["ops"]
+        y = torch.sin(x * 2.0)
+        torch.tpu.synchronize()
+        assert _rec()["recorded"] - before == 2, _rec()
+        assert report().fused["ops"] == python_before
+        monkeypatch.setenv("TPUK_FUSED_RECORDER", "python")
+        device.set_mode("fused")
+        assert device.get_recorder() == "python"
+        device.set_mode("fused", recorder="native")
+        assert device.get_recorder() == "native"
+    finally:
+        device.set_mode("strict")
+    torch.testing.assert_close(y.cpu(), torch.sin(x.cpu() * 2.0))
+
+
+def test_a_zoo_model_trains_a_step_with_the_native_recorder():
     """Forward, backward (on the autograd engine's device thread) and AdamW of a Llama-style
-    model, recorded natively: loss, gradients and updated parameters match eager, and the
-    recorder ran the step in a few programs."""
+    model, recorded natively (the zoo's "tpu-fused" path): loss, gradients and updated
+    parameters match eager, and the recorder ran the step in a few programs."""
     sys.path.insert(0, os.path.dirname(__file__))
     import zoo
 
-    monkeypatch.setenv("TPUK_FUSED_RECORDER", "native")
+    assert zoo.RECORDERS["tpu-fused"] == "native"
     spec = zoo.SPECS["llama"]
     ref = zoo.train_step(spec, "eager")
     before, fell = _rec(), _fell_back()

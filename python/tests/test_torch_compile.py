@@ -74,6 +74,39 @@ def test_inference_graph():
     assert {"matmul_bias_act", "gelu"} & set(ran.kernels), ran.kernels
 
 
+def test_the_compiled_calls_program_time_is_their_own():
+    """`report().compiled["run_time_s"]` is the part of the backend's calls their programs took,
+    apart from fused mode's programs (which `graphs["run_time_s"]` also counts): the report's
+    "handling arguments and outputs" is the rest of the calls, never negative."""
+    from tpu_kernels.torch import substitute
+
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16)
+    torch._dynamo.reset()
+    f = torch.compile(lambda t: F.gelu(lin(t)), backend="tpu_kernels")
+    with torch.no_grad():
+        f(x)
+        before = report()
+        for _ in range(3):
+            f(x)
+        mid = report()
+        with substitute("fused"):
+            big = torch.randn(256, 512)
+            for _ in range(3):
+                float((torch.exp(big) * 2.0 + big).sum())
+    after = report()
+    calls = mid.compiled["calls"] - before.compiled["calls"]
+    call_s = mid.compiled["call_time_s"] - before.compiled["call_time_s"]
+    run_s = mid.compiled["run_time_s"] - before.compiled["run_time_s"]
+    assert calls == 3 and 0 < run_s <= call_s, (calls, run_s, call_s)
+    # Fused programs ran: every graph program's time moved, the compiled calls' did not.
+    assert after.graphs["run_time_s"] - mid.graphs["run_time_s"] > 0
+    assert after.compiled["run_time_s"] == mid.compiled["run_time_s"]
+    assert "ms handling arguments and outputs (" in str(after)
+    handling = [line for line in str(after).splitlines() if "handling arguments and outputs" in line][0]
+    assert " -" not in handling.split("running programs")[1], handling
+
+
 def test_sdpa_decomposition_pitfall_avoided():
     table = backend.decompositions()
     assert torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default not in table

@@ -68,7 +68,7 @@ def _compare(got: zoo.Step, ref: zoo.Step, what: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-fused-native", "tpu-compile"]
+    "path", ["strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-fused-python", "tpu-compile"]
 )
 @pytest.mark.parametrize("name", list(zoo.SPECS))
 def test_zoo_model_trains_a_step(references, name, path):
@@ -90,7 +90,7 @@ def test_zoo_model_trains_a_step(references, name, path):
         if name not in NO_EAGER_KERNELS:
             assert ran.kernels, f"{name} compiled: no kernel ran in its programs"
     else:
-        recorder = _recorder_counts() if path == "tpu-fused-native" else None
+        recorder = _recorder_counts() if zoo.RECORDERS.get(path) == "native" else None
         with no_fallbacks(ops=[]) as ran:
             got = zoo.train_step(spec, path)
         if recorder is not None:

@@ -24,13 +24,13 @@ import torch.nn.functional as F
 # On CPU tensors: plain eager, the three `substitute` modes, torch.compile. On the "tpu" device
 # (`model.to("tpu")`): its strict, debug and fused modes, and torch.compile of the device model.
 PATHS = (
-    "eager", "strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-fused-native", "tpu-compile"
+    "eager", "strict", "debug", "fused", "compile", "tpu", "tpu-debug", "tpu-fused", "tpu-fused-python", "tpu-compile"
 )
 DEVICE_PATHS = {
-    "tpu": "strict", "tpu-debug": "debug", "tpu-fused": "fused", "tpu-fused-native": "fused", "tpu-compile": "strict"
+    "tpu": "strict", "tpu-debug": "debug", "tpu-fused": "fused", "tpu-fused-python": "fused", "tpu-compile": "strict"
 }
-# Device paths in fused mode with a recorder other than the default (the Python one).
-RECORDERS = {"tpu-fused-native": "native"}
+# The recorder of each device path in fused mode: the native one (the default) and the Python one.
+RECORDERS = {"tpu-fused": "native", "tpu-fused-python": "python"}
 VOCAB = 128
 LR = 1e-3  # AdamW's learning rate
 SEQ = 16

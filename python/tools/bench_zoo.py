@@ -5,7 +5,7 @@ time and PJRT program time), and the strict and fused eager modes. Prints a Mark
     # after eval "$(scripts/dev env)"
     python python/tools/bench_zoo.py                       # every model
     python python/tools/bench_zoo.py --models llama,gpt2 --steps 5
-    python python/tools/bench_zoo.py --paths tpu,tpu-fused,tpu-fused-native,tpu-compile   # the "tpu" device only
+    python python/tools/bench_zoo.py --paths tpu,tpu-fused,tpu-fused-python,tpu-compile   # the "tpu" device only
 
 Each model runs in a fresh process of its own (`--one-process` times them all in this one), so what
 one model's paths leave behind in a process does not weigh on the next model's timings; the paths
@@ -38,11 +38,11 @@ import tpu_kernels  # noqa: E402,F401  before torch, as a user would: see tpu_ke
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python" / "tests"))
 
-PATHS = ("eager", "inductor", "tpu_kernels", "strict", "fused", "tpu", "tpu-fused", "tpu-fused-native", "tpu-compile")
+PATHS = ("eager", "inductor", "tpu_kernels", "strict", "fused", "tpu", "tpu-fused", "tpu-fused-python", "tpu-compile")
 # The "tpu" device's paths and the device mode each runs under.
-DEVICE_MODES = {"tpu": "strict", "tpu-fused": "fused", "tpu-fused-native": "fused", "tpu-compile": "strict"}
-# Device paths in fused mode with a recorder other than the default (the Python one).
-RECORDERS = {"tpu-fused-native": "native"}
+DEVICE_MODES = {"tpu": "strict", "tpu-fused": "fused", "tpu-fused-python": "fused", "tpu-compile": "strict"}
+# The recorder of each device path in fused mode: the native one (the default) and the Python one.
+RECORDERS = {"tpu-fused": "native", "tpu-fused-python": "python"}
 
 
 def _step_fn(spec, path: str):
@@ -279,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print("## Zoo on the tpu device: one training step per device mode (ms, median)")
         print()
         print("The same steps with the model and batch on the \"tpu\" device (`model.to(\"tpu\")`), under the "
-              "device's strict and fused modes (`tpu_kernels.device.set_mode`), fused with the Python recorder "
-              "(the default) and with the native one (`recorder=\"native\"`), and under `torch.compile` "
+              "device's strict and fused modes (`tpu_kernels.device.set_mode`), fused with the native recorder "
+              "(the default) and with the Python one (`recorder=\"python\"`), and under `torch.compile` "
               "(backend \"tpu_kernels\"); each step ends by reading the loss. Targets, judged on the native "
               "recorder: fused at least 1.5x faster than strict, and within 1.25x of the compiled step.")
         print()
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
               "| tpu compiled | native / compiled | 1.25x target |")
         print("|---|---:|---:|---:|---:|---|---:|---:|---|")
         for name, _, got in rows:
-            strict, fused, native, comp = got["tpu"], got["tpu-fused"], got["tpu-fused-native"], got["tpu-compile"]
+            strict, fused, native, comp = got["tpu"], got["tpu-fused-python"], got["tpu-fused"], got["tpu-compile"]
             speedup = ratio(strict, native)
             versus = ratio(native, comp)
             print(f"| {name} | {ms(strict)} | {ms(fused)} | {ms(native)} | {speedup} | "
@@ -316,17 +316,17 @@ def main(argv: list[str] | None = None) -> int:
         slack = 2**20 if key == "peak_rss" else 0
         return "met" if a[key] <= b[key] + slack else "missed"
 
-    print("| model | eager RSS | strict RSS | fused RSS | fused <= strict | tpu strict RSS | tpu fused RSS "
-          "| tpu strict device | tpu fused device | tpu fused <= strict (device) | tpu native device "
-          "| tpu native <= strict (device) |")
+    print("| model | eager RSS | strict RSS | fused RSS | fused <= strict | tpu strict RSS | tpu fused (native) RSS "
+          "| tpu strict device | tpu fused (Python) device | tpu fused (Python) <= strict (device) "
+          "| tpu native device | tpu native <= strict (device) |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---|")
     for name, _, got in rows:
         print(f"| {name} | {mib(got['eager'], 'peak_rss')} | {mib(got['strict'], 'peak_rss')} | "
               f"{mib(got['fused'], 'peak_rss')} | {within(got['fused'], got['strict'], 'peak_rss')} | "
               f"{mib(got['tpu'], 'peak_rss')} | {mib(got['tpu-fused'], 'peak_rss')} | "
-              f"{mib(got['tpu'], 'peak_device')} | {mib(got['tpu-fused'], 'peak_device')} | "
-              f"{within(got['tpu-fused'], got['tpu'], 'peak_device')} | {mib(got['tpu-fused-native'], 'peak_device')} | "
-              f"{within(got['tpu-fused-native'], got['tpu'], 'peak_device')} |")
+              f"{mib(got['tpu'], 'peak_device')} | {mib(got['tpu-fused-python'], 'peak_device')} | "
+              f"{within(got['tpu-fused-python'], got['tpu'], 'peak_device')} | {mib(got['tpu-fused'], 'peak_device')} | "
+              f"{within(got['tpu-fused'], got['tpu'], 'peak_device')} |")
     print()
     print(f"Run time {time.perf_counter() - start:.0f} s.")
     return 0

@@ -112,19 +112,19 @@ def set_mode(mode: str, *, recorder: str | None = None) -> None:
       finite inputs did not have, and a kernel's failure raises; the error names the op, the
       kernel and the user's line.
     - ``"fused"``: ops are recorded and run as one program at each materialisation point.
-      ``recorder`` (default ``TPUK_FUSED_RECORDER``, else ``"python"``) says where:
-      ``"python"`` is ``tpu_kernels.substitute("fused")`` entered on the calling thread;
+      ``recorder`` (default ``TPUK_FUSED_RECORDER``, else ``"native"``) says where:
       ``"native"`` records in Rust at the device's dispatch key, process-wide (the autograd
-      engine's thread included), with no Python per op. The native recorder takes calls whose
-      arguments are dense device tensors and statics and whose op lowers; any other call runs
-      what was recorded first, then runs as in strict mode (``report().device["recorder"]``
-      counts both). It is new: the Python recorder stays the default.
+      engine's thread included), with no Python per op. It takes calls whose arguments are
+      dense device tensors and statics and whose op lowers; any other call runs what was
+      recorded first, then runs as in strict mode (``report().device["recorder"]`` counts
+      both). ``"python"`` is ``tpu_kernels.substitute("fused")`` entered on the calling thread
+      (``report().fused`` counts its flushes), several times slower a step on real models.
 
     ``with tpu_kernels.substitute(mode):`` keeps working, on CPU and device tensors alike."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, not {mode!r}")
     if recorder is None:
-        recorder = os.environ.get("TPUK_FUSED_RECORDER", "python") or "python"
+        recorder = os.environ.get("TPUK_FUSED_RECORDER", "native") or "native"
     if recorder not in RECORDERS:
         raise ValueError(f"recorder must be one of {', '.join(map(repr, RECORDERS))}, not {recorder!r}")
     native = mode == "fused" and recorder == "native"

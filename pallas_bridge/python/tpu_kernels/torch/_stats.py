@@ -26,10 +26,13 @@ class _Local:
     fused_ops: int = 0
     fused_reasons: dict = field(default_factory=lambda: defaultdict(int))
     compiled_graphs: list = field(default_factory=list)
-    # Runs of compiled graphs' programs through the backend, and the seconds they took from the
-    # backend's entry to its return (the program's run, argument and output handling).
+    # Runs of compiled graphs' programs through the backend, the seconds they took from the
+    # backend's entry to its return (the program's run, argument and output handling), and the
+    # part of those the program's run took (`graphs["run_time_s"]` counts every graph program's
+    # runs, fused mode's included).
     graph_calls: int = 0
     graph_call_time_s: float = 0.0
+    graph_run_time_s: float = 0.0
     eager_nodes: dict = field(default_factory=lambda: defaultdict(int))
     eager_reasons: dict = field(default_factory=dict)
     # Sharded steps compiled (`distributed.compile_step`): name, devices, collectives, kernels.
@@ -97,10 +100,12 @@ def record_fused_flush(n_ops: int, reason: str) -> None:
         LOCAL.fused_reasons[reason] += 1
 
 
-def record_graph_call(seconds: float) -> None:
+def record_graph_call(seconds: float, run_seconds: float) -> None:
+    """A compiled graph's call: its time in the backend, and the part its program's run took."""
     with LOCAL.lock:
         LOCAL.graph_calls += 1
         LOCAL.graph_call_time_s += seconds
+        LOCAL.graph_run_time_s += run_seconds
 
 
 def record_graph(name: str, kernels: list[str], n_nodes: int, eager: dict[str, str]) -> None:
@@ -242,6 +247,30 @@ class Report:
                 f"(peak {m['peak_allocated_bytes']}), {m['reserved_bytes']} reserved, {m['cached_bytes']} cached; "
                 f"{m['allocs']} allocations, {m['cache_hits']} from the cache"
             )
+            r = d.get("recorder") or {}
+            if r.get("recorded") or r.get("flushes"):
+                reasons = ", ".join(f"{k}={v}" for k, v in sorted(r["reasons"].items())) or "-"
+                lines.append(
+                    f"  fused mode, native recorder: {r['recorded']} ops recorded, {r['flushes']} flushes "
+                    f"(by: {reasons}), {r['programs_run']} programs run; trace cache: {r['hits']} hits, "
+                    f"{r['misses']} misses, {r['entries']} programs kept"
+                )
+                if r["replays"] or r["evictions"] or r["scalar_reads"]:
+                    lines.append(
+                        f"    {r['replays']} traces replayed in PyTorch ({r['replayed_calls']} calls), "
+                        f"{r['evictions']} programs evicted after failing to run, {r['scalar_reads']} scalar reads "
+                        "answered by replaying integer ops"
+                        + (f"; last eviction: {r['last_eviction'][:160]}" if r["last_eviction"] else "")
+                        + (f"; last limit: {r['last_limit'][:160]}" if r["last_limit"] else "")
+                    )
+                if r["declined"]:
+                    # op -> (calls, why the last one was declined)
+                    top = sorted(r["declined"].items(), key=lambda kv: -kv[1][0])
+                    lines.append(
+                        "    calls not recorded (run as in strict mode after a flush): "
+                        + ", ".join(f"{op} x{n} ({why[:80]})" for op, (n, why) in top[:8])
+                        + (f", ... ({len(top) - 8} more ops)" if len(top) > 8 else "")
+                    )
             if d["fallbacks"]:
                 top = sorted(d["fallbacks"].items(), key=lambda kv: -kv[1])
                 lines.append(
@@ -280,10 +309,10 @@ class Report:
         if cg["graphs"]:
             lines.append(f"torch.compile: {len(cg['graphs'])} graphs lowered")
             if cg["calls"]:
-                handling = cg["call_time_s"] - g.get("run_time_s", 0.0)
+                handling = cg["call_time_s"] - cg["run_time_s"]
                 lines.append(
                     f"  {cg['calls']} program calls, {cg['call_time_s'] * 1e3:.2f} ms in the backend: "
-                    f"{g.get('run_time_s', 0.0) * 1e3:.2f} ms running programs (PJRT: inputs viewed, execution, "
+                    f"{cg['run_time_s'] * 1e3:.2f} ms running programs (PJRT: inputs viewed, execution, "
                     f"outputs), {handling * 1e3:.2f} ms handling arguments and outputs "
                     f"({handling / cg['calls'] * 1e6:.0f} us a call)"
                 )
@@ -331,6 +360,7 @@ def report() -> Report:
             "graphs": list(LOCAL.compiled_graphs),
             "calls": LOCAL.graph_calls,
             "call_time_s": LOCAL.graph_call_time_s,
+            "run_time_s": LOCAL.graph_run_time_s,
             "eager_nodes": dict(LOCAL.eager_nodes),
             "eager_reasons": dict(LOCAL.eager_reasons),
         }
