@@ -23,8 +23,8 @@
 //!   any other view of pending memory is declined (the shim flushes, then runs the call as
 //!   strict mode does). Device memory not pending is a program input, read in place at the
 //!   flush; while a trace is pending, memory an input reads does not go back to the allocator
-//!   (its free is deferred to the flush's end), so an input freed before the flush keeps its
-//!   bytes. Integer indices on the CPU in an index list are copied into a program input at the
+//!   or to PJRT (its free is deferred to the flush's end: blocks, kernel and graph outputs,
+//!   adopted fallback results), so an input freed before the flush keeps its bytes. Integer indices on the CPU in an index list are copied into a program input at the
 //!   call ([`cpu_indices`]). The `self` of an op that takes only its type ([`SHAPE_ONLY_SELF`]: `x.zero_()`
 //!   into fresh memory) is not read: the program gets zeros, and its memory goes back at once. Memory that only recorded calls wrote goes back when its storage dies.
 //! - **The trace cache**: each recorded call appends its signature's id and its arguments'

@@ -263,9 +263,28 @@ fn import_all(tensors: &Bound<'_, PyList>) -> Result<Vec<Imported>, String> {
 
 // ----- DLPack out -----
 
+/// The owner of an exported buffer, dropped when the tensor (or capsule) dies. A device
+/// tensor's memory may be an input of the native recorder's pending trace, which reads it at
+/// the flush: its drop then waits for the flush, as the device's other frees do.
+struct ExportedBuffer {
+    buffer: Option<Buffer>,
+    on_tpu: bool,
+}
+
+impl Drop for ExportedBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take()
+            && self.on_tpu
+        {
+            crate::recorder::drop_or_defer(Box::new(b));
+        }
+    }
+}
+
 /// `buffer` as a Python object that owns it and points at its memory: a torch tensor made by
 /// the exchange table `api` when given (no capsule, no Python call), else a DLPack capsule.
-/// With `on_tpu`, the tensor is on the "tpu" device (DLPack's extension device).
+/// With `on_tpu`, the tensor is on the "tpu" device (DLPack's extension device), and the
+/// buffer's drop waits for the native recorder's flush while a trace is pending.
 pub(crate) fn export_buffer<'py>(
     py: Python<'py>,
     buffer: Buffer,
@@ -324,6 +343,7 @@ fn export_buffer_as<'py>(
     fn export_err(e: impl std::fmt::Display) -> PyErr {
         PyRuntimeError::new_err(format!("DLPack export: {e}"))
     }
+    let buffer = ExportedBuffer { buffer: Some(buffer), on_tpu };
     if let Some(api) = api {
         let mut init =
             Dynamic::new(dims, strides).initialize(Box::new(buffer)).map_err(export_err)?;

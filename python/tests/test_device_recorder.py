@@ -832,6 +832,25 @@ def test_a_call_the_recorder_declines_says_why(native):
     assert any("nonzero" in op or op == "?" for op in declined), declined
 
 
+def test_a_compiled_output_dropped_before_the_flush_keeps_its_memory(native):
+    """A compiled graph's output on the device that only a recorded call reads (`f(x).sum()`:
+    the output dies at once) keeps its memory until the flush has read it; before, the memory
+    went back at once and the flush read whatever was written there since."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 16)
+    ref = m(x).detach().sum()
+    md, xt = m.to("tpu"), x.to("tpu")
+    f = torch.compile(md, backend="tpu_kernels")
+    with torch.no_grad():
+        before = _rec()["programs_run"]
+        sums = [f(xt).sum() for _ in range(3)]
+        got = [s.cpu() for s in sums]
+    assert _rec()["programs_run"] > before, _rec()  # the sums were recorded and ran as a program
+    for g in got:
+        torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5)
+
+
 def test_the_report_says_what_the_native_recorder_did(native):
     xt = torch.randn(4, 8).to("tpu")
     y = torch.sin(xt) * 2.0
