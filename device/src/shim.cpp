@@ -529,8 +529,14 @@ struct DebugState {
   std::vector<at::Tensor> expected;
 };
 
+// A meta tensor of `t`'s metadata. A wrapped number on the CPU (a Python scalar PyTorch made a
+// 0-dim tensor) is passed as it is: meta functions take CPU scalars, and type promotion then
+// lets it take the other operand's dtype (`loss + 1e-6` is float32; as a float64 meta tensor
+// it made the result float64). A meta tensor cannot be one: Python meta functions turn wrapped
+// numbers back into Python numbers, which only CPU tensors allow.
 at::Tensor to_meta(const at::Tensor& t) {
   if (!t.defined()) return t;
+  if (t.unsafeGetTensorImpl()->is_wrapped_number() && t.device().is_cpu()) return t;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 

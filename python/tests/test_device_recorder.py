@@ -851,6 +851,40 @@ def test_a_compiled_output_dropped_before_the_flush_keeps_its_memory(native):
         torch.testing.assert_close(g, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_python_scalar_takes_a_zero_dim_tensors_dtype(native):
+    """`loss + 1e-6` on a 0-dim float32 tensor is float32, as in eager: the meta function that
+    gives a recorded call's output types sees the scalar as the wrapped number it is (it was a
+    float64 0-dim tensor there, and the result float64). Gradient clipping divides by such a
+    norm: a training step with it matches strict mode."""
+    t = torch.tensor([3.0, 4.0]).to("tpu")
+    tot = torch.linalg.vector_norm(t, 2.0)
+    a = tot + 1e-6
+    b = torch.clamp(0.5 / a, max=1.0)
+    c = torch.tensor(0.6).to("tpu") * 0.5
+    assert (a.dtype, b.dtype, c.dtype) == (torch.float32,) * 3
+    torch.testing.assert_close(b.cpu(), torch.tensor(0.5 / (5.0 + 1e-6)))
+
+    def step() -> torch.Tensor:
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("tpu")
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+        x, y = torch.randn(5, 8).to("tpu"), torch.randint(0, 4, (5,)).to("tpu")
+        for _ in range(2):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(m(x), y).backward()
+            torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+            opt.step()
+        return torch.cat([p.detach().cpu().flatten() for p in m.parameters()])
+
+    got = step()
+    device.set_mode("strict")
+    try:
+        ref = step()
+    finally:
+        device.set_mode("fused", recorder="native")
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_the_report_says_what_the_native_recorder_did(native):
     xt = torch.randn(4, 8).to("tpu")
     y = torch.sin(xt) * 2.0
