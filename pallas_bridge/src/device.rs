@@ -372,12 +372,25 @@ pub(crate) fn free_block(block: HostBlock) {
 /// What owns an output tensor's memory: a kernel's PJRT buffer, or a block of the allocator
 /// the native recorder handed out as a placeholder.
 enum Owner {
-    Buffer(Buffer),
+    Buffer(Counted),
     Placeholder(crate::recorder::Placeholder),
 }
 
-/// A kernel output's buffer, whose drop is counted.
-struct Counted(Buffer);
+/// A PJRT buffer whose memory a device tensor holds (a kernel's or a graph program's output),
+/// counted as device memory from its making to its drop.
+pub(crate) struct Counted(Buffer);
+
+impl Counted {
+    pub(crate) fn new(buffer: Buffer) -> Counted {
+        let size = buffer.byte_size();
+        if buffer.is_zero_copy() {
+            held(|h| h.pooled_outputs += size);
+        } else {
+            held(|h| h.outputs += size);
+        }
+        Counted(buffer)
+    }
+}
 
 impl Drop for Counted {
     fn drop(&mut self) {
@@ -394,7 +407,7 @@ extern "C" fn api_release(handle: *mut c_void) {
     // SAFETY: an output's handle is the `Box<Owner>` `fill_output` or `fill_placeholder` made.
     let Some(owner) = (unsafe { reclaim::<Owner>(handle) }) else { return };
     match *owner {
-        Owner::Buffer(b) => crate::recorder::drop_or_defer(Box::new(Counted(b))),
+        Owner::Buffer(b) => crate::recorder::drop_or_defer(Box::new(b)),
         Owner::Placeholder(p) => crate::recorder::release_placeholder(p),
     }
 }
@@ -756,13 +769,7 @@ fn fill_output(key: &str, k: usize, buffer: Buffer, out: &mut TpukOut) -> Result
             .cast::<c_void>()
     };
     out.data = data;
-    let size = buffer.byte_size();
-    if buffer.is_zero_copy() {
-        held(|h| h.pooled_outputs += size);
-    } else {
-        held(|h| h.outputs += size);
-    }
-    out.handle = Box::into_raw(Box::new(Owner::Buffer(buffer))).cast();
+    out.handle = Box::into_raw(Box::new(Owner::Buffer(Counted::new(buffer)))).cast();
     Ok(())
 }
 

@@ -264,19 +264,23 @@ fn import_all(tensors: &Bound<'_, PyList>) -> Result<Vec<Imported>, String> {
 // ----- DLPack out -----
 
 /// The owner of an exported buffer, dropped when the tensor (or capsule) dies. A device
-/// tensor's memory may be an input of the native recorder's pending trace, which reads it at
-/// the flush: its drop then waits for the flush, as the device's other frees do.
-struct ExportedBuffer {
-    buffer: Option<Buffer>,
-    on_tpu: bool,
+/// tensor's buffer is counted as device memory (`torch.tpu.memory_allocated`), and its memory
+/// may be an input of the native recorder's pending trace, which reads it at the flush: its
+/// drop then waits for the flush, as the device's other frees do.
+enum ExportedBuffer {
+    /// Held for its drop.
+    Host {
+        _buffer: Buffer,
+    },
+    Device(Option<crate::device::Counted>),
 }
 
 impl Drop for ExportedBuffer {
     fn drop(&mut self) {
-        if let Some(b) = self.buffer.take()
-            && self.on_tpu
+        if let ExportedBuffer::Device(counted) = self
+            && let Some(c) = counted.take()
         {
-            crate::recorder::drop_or_defer(Box::new(b));
+            crate::recorder::drop_or_defer(Box::new(c));
         }
     }
 }
@@ -343,7 +347,11 @@ fn export_buffer_as<'py>(
     fn export_err(e: impl std::fmt::Display) -> PyErr {
         PyRuntimeError::new_err(format!("DLPack export: {e}"))
     }
-    let buffer = ExportedBuffer { buffer: Some(buffer), on_tpu };
+    let buffer = if on_tpu {
+        ExportedBuffer::Device(Some(crate::device::Counted::new(buffer)))
+    } else {
+        ExportedBuffer::Host { _buffer: buffer }
+    };
     if let Some(api) = api {
         let mut init =
             Dynamic::new(dims, strides).initialize(Box::new(buffer)).map_err(export_err)?;

@@ -127,6 +127,16 @@ def test_memory_comes_from_the_caching_allocator():
     assert stats["allocated_bytes"] - base["allocated_bytes"] >= (1 << 20) * 2 + 1024 * 4
     del g, e, s
     assert torch.tpu.memory_allocated() == base["allocated_bytes"]
+    # So is a compiled graph's output on the device.
+    lin = torch.nn.Linear(1024, 256).to("tpu")
+    f = torch.compile(lin, backend="tpu_kernels")
+    with torch.no_grad():
+        f(x)
+        base = torch.tpu.memory_stats()
+        y = f(x)  # [256, 256] f32: 256 KiB
+        assert torch.tpu.memory_allocated() - base["allocated_bytes"] == 256 * 256 * 4
+        del y
+    assert torch.tpu.memory_allocated() == base["allocated_bytes"]
 
 
 def test_views_and_in_place_ops_share_memory_as_on_cpu():

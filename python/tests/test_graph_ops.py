@@ -294,6 +294,21 @@ CASES = {
         lambda x: (*a.topk(x, 2), *a.topk(x, 3, 0, False)),
         [randn(4, 6)],
     ),
+    "isin": (
+        lambda i, t, f, g: (
+            a.isin.Tensor_Tensor(i, t),
+            a.isin.Tensor_Tensor(i, t, invert=True),
+            a.isin.Tensor_Scalar(i, 3),
+            a.isin.Scalar_Tensor(5, t),
+            a.isin.Tensor_Tensor(f, g),
+        ),
+        [
+            randint(0, 8, 3, 5),
+            torch.tensor([[1, 5], [7, 3]]),
+            torch.tensor([0.5, float("nan"), 2.0]),
+            torch.tensor([0.5, float("nan")]),
+        ],
+    ),
     "any_dim": (lambda x: a.any.dim(x, 1), [randn(3, 4) > 1.0]),
     "any_dims_keepdim": (lambda x: a.any.dims(x, [0, 2], True), [randint(0, 2, 2, 3, 4)]),
     "any_all_float": (lambda x: a.any(x), [torch.tensor([[0.0, 0.0], [0.0, -2.0]])]),

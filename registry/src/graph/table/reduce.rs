@@ -3,7 +3,10 @@
 use tpu_kernels::ir::{BinaryOp, Direction, UnaryOp};
 use tpu_kernels::{DType, Dim, KernelBuilder, Shape, Tensor, TensorType};
 
-use super::{Cx, R, Scalar, acc_type, axis, bad, convert, dims_of, one, scalar_const, splat};
+use super::{
+    Cx, R, Scalar, acc_type, axis, bad, convert, dims_of, materialize, one, result_type,
+    scalar_const, splat,
+};
 
 type Out<'b> = R<Vec<Tensor<'b>>>;
 
@@ -306,6 +309,35 @@ fn truth_reduce<'b>(cx: &Cx<'_, 'b>, op: BinaryOp, init: bool) -> Out<'b> {
         cx.b.compare(Direction::Ne, x, zero)?
     };
     one(reduce(cx.b, nonzero, op, Scalar::Bool(init), &dims, keepdim)?)
+}
+
+/// `isin(elements, test_elements, *, assume_unique=False, invert=False)` (`.Tensor_Tensor`,
+/// `.Tensor_Scalar`, `.Scalar_Tensor`): whether each element of `elements` equals one of
+/// `test_elements`, both in their promoted type (NaN equals nothing); `invert` negates it.
+/// Every pair is compared (`[N, M]` booleans reduced along `M`): meant for small test sets, such
+/// as a generation's stop tokens.
+pub(super) fn isin<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
+    let (x, t) = (cx.operand(0, "elements")?, cx.operand(1, "test_elements")?);
+    let dt = result_type(&[x, t]);
+    let (x, t) = (materialize(cx.b, x, dt)?, materialize(cx.b, t, dt)?);
+    let invert = cx.bool_or(usize::MAX, "invert", false)?;
+    let (n, m) = (
+        count(x, &(0..x.rank()).collect::<Vec<_>>())?,
+        count(t, &(0..t.rank()).collect::<Vec<_>>())?,
+    );
+    let pairs = Shape::of(&[n, m]);
+    let xs = cx.b.broadcast_to(cx.b.reshape(x, Shape::of(&[n, 1]))?, &pairs)?;
+    let ts = cx.b.broadcast_to(cx.b.reshape(t, Shape::of(&[1, m]))?, &pairs)?;
+    let found = reduce(
+        cx.b,
+        cx.b.compare(Direction::Eq, xs, ts)?,
+        BinaryOp::Or,
+        Scalar::Bool(false),
+        &[1],
+        false,
+    )?;
+    let found = if invert { cx.b.unary(UnaryOp::Not, found)? } else { found };
+    one(cx.b.reshape(found, x.shape())?)
 }
 
 /// `cumsum(self, dim, *, dtype=None)`: integers and bools sum to `i64`. A parallel prefix sum:
