@@ -616,3 +616,25 @@ def test_the_autograd_engines_device_thread_starts_no_second_openmp_team():
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["1", "2"], r.stdout
+
+
+def test_the_tpu_compile_backend_is_ours_and_runs_a_static_cache_generation():
+    """`torch.compile(backend="tpu")` is this package's backend (torch_tpu would register its
+    own). Hugging Face's `generate` with a static cache compiles a decoding step of a model on
+    a "tpu" device with that name: the tokens match the CPU's, and the steps ran as programs."""
+    from torch._dynamo.backends.registry import lookup_backend
+    from tpu_kernels.torch import report
+    from tpu_kernels.torch.backend import tpu_kernels_backend
+
+    assert lookup_backend("tpu") is tpu_kernels_backend
+    sys.path.insert(0, os.path.dirname(__file__))
+    import zoo
+
+    model, batch = zoo.build(zoo.SPECS["llama"])
+    model.eval()
+    ids = batch["input_ids"][:1, :5]
+    ref = model.generate(ids, max_new_tokens=6, do_sample=False)
+    before = report().compiled["calls"]
+    got = model.to("tpu").generate(ids.to("tpu"), max_new_tokens=6, do_sample=False, cache_implementation="static")
+    assert torch.equal(got.cpu(), ref), (got, ref)
+    assert report().compiled["calls"] - before >= 5, report().compiled

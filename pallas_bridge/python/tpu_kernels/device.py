@@ -417,6 +417,20 @@ def _route_inductor() -> None:
     wrapper.__call__ = __call__
 
 
+def _register_tpu_backend() -> None:
+    """``torch.compile(backend="tpu")`` is this package's backend, unless another package
+    registered a backend of that name (torch_tpu does). Libraries pick the backend by device
+    type: Hugging Face's ``generate`` with a static cache compiles the decoding step of a model
+    on a "tpu" device with ``backend="tpu"``."""
+    from torch._dynamo.backends import registry
+
+    registry._lazy_import()
+    if NAME not in registry._BACKENDS:
+        from .torch.backend import tpu_kernels_backend
+
+        registry.register_backend(compiler_fn=tpu_kernels_backend, name=NAME)
+
+
 # ----- modules -----
 
 
@@ -516,6 +530,7 @@ def _install() -> None:
             )
         _keep_tied_parameters()
         _route_inductor()
+        _register_tpu_backend()
         from .torch._bindings import CPU_KEEPS_INPUT_DTYPE
 
         _native.device_cpu_keeps_input_dtype(sorted(CPU_KEEPS_INPUT_DTYPE))
