@@ -130,7 +130,7 @@ def _relative_error(x: torch.Tensor, truth: torch.Tensor) -> float:
     return float((x.double() - truth.double()).norm()) / scale if scale else float(x.double().norm())
 
 
-@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile", "tpu", "tpu-compile"])
+@pytest.mark.parametrize("path", ["strict", "debug", "fused", "compile", "tpu", "tpu-fused", "tpu-compile"])
 @pytest.mark.parametrize("name", BF16_MODELS)
 def test_zoo_model_trains_a_bf16_autocast_step(references, name, path):
     key = f"{name}@bf16"
@@ -138,8 +138,14 @@ def test_zoo_model_trains_a_bf16_autocast_step(references, name, path):
         references[key] = zoo.train_step(zoo.SPECS[name], "eager", autocast=torch.bfloat16)
     ref = references[key]
     truth = _reference(references, name)
+    recorder = _recorder_counts() if zoo.RECORDERS.get(path) == "native" else None
     with no_fallbacks(ops=[], programs=1 if path in ("compile", "tpu-compile") else 0) as ran:
         got = zoo.train_step(zoo.SPECS[name], path, autocast=torch.bfloat16)
+    if recorder is not None:
+        # The native recorder ran the step as its programs, none replayed on PyTorch.
+        after = _recorder_counts()
+        assert after["programs_run"] > recorder["programs_run"], (name, after)
+        assert after["replays"] == recorder["replays"], (name, after["last_eviction"])
     assert ran.kernels, f"{name} bf16 in {path}: no kernel ran"
     assert not ran.pytorch_nodes, f"{name} bf16 compiled: nodes left to PyTorch: {ran.pytorch_nodes}"
     torch.testing.assert_close(got.loss, ref.loss, rtol=BF16_LOSS_RTOL, atol=0)
