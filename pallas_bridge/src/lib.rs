@@ -14,6 +14,7 @@ mod checks;
 mod device;
 mod dispatch;
 mod errors;
+mod fused_mode;
 mod intern;
 mod library_api;
 mod recorder;

@@ -1474,6 +1474,9 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crate::sharded::register(&sub)?;
     sub.add_class::<BoundaryLayout>()?;
     sub.add_class::<crate::strict_mode::StrictDispatch>()?;
+    sub.add_class::<crate::fused_mode::FusedDispatch>()?;
+    sub.add_class::<crate::fused_mode::FusedRef>()?;
+    sub.add_class::<crate::fused_mode::FusedInput>()?;
     m.add_submodule(&sub)?;
     Ok(())
 }

@@ -1,5 +1,7 @@
 """Fused eager mode: recorded ops run as one cached program per materialisation point."""
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -220,37 +222,28 @@ def test_user_errors_surface_unchanged():
             F.silu(a) + F.silu(b)
 
 
-def test_recording_failure_runs_the_op(monkeypatch):
+@pytest.mark.parametrize("native_handler", [True, False], ids=["native-handler", "python-handler"])
+def test_recording_failure_runs_the_op(monkeypatch, native_handler):
+    """A failure while recording, in the native handler or the Python one, is counted and the
+    op runs in PyTorch (raised as InternalError under the "raise" policy)."""
     from tpu_kernels.torch.fused import FusedMode
 
     def broken(self, *a, **k):
         raise RuntimeError("recorder exploded")
 
-    monkeypatch.setattr(FusedMode, "_record", broken)
+    # Registering a program input: both handlers reach it for a tensor the trace has not seen.
+    monkeypatch.setattr(FusedMode, "_input_ref", broken)
     x = torch.randn(4, 4)
+    before = report().ops.get("fused", {}).get("fallbacks", {}).get("internal", 0)
     with error_policy("fallback"):
-        with substitute("fused"):
+        with FusedMode(native_handler=native_handler):
             y = torch.tanh(x) * 2
     torch.testing.assert_close(y, torch.tanh(x) * 2)
     assert "recorder exploded" in report().ops["fused"]["last_fallback"]
+    assert report().ops["fused"]["fallbacks"]["internal"] == before + 2
     with pytest.raises(InternalError, match="recorder exploded"):
-        with error_policy("raise"), substitute("fused"):
+        with error_policy("raise"), FusedMode(native_handler=native_handler):
             y = torch.tanh(x) * 2
-
-
-def test_fused_program_reads_a_row_slice_whose_unit_dim_has_another_stride():
-    """A `[1, 16]` slice of a `[1, 64]` buffer (transformers' `position_ids[:, :seq]`) is
-    contiguous for torch though its unit dim keeps the parent's stride: the program reads it in
-    place instead of refusing it and replaying in PyTorch."""
-    base = torch.randn(1, 64)
-    x = base[:, :16]
-    assert x.is_contiguous() and x.stride() == (64, 1)
-    with no_fallbacks(kernels=["silu"], programs=1):
-        with substitute("fused"):
-            y = F.silu(x) * 2 + 1
-            y = y + 0  # materialised below
-        got = y.clone()
-    torch.testing.assert_close(got, F.silu(x) * 2 + 1)
 
 
 def _traces():
@@ -490,3 +483,102 @@ def test_batch_norm_updates_its_running_statistics_inside_the_trace():
         torch.testing.assert_close(got.state_dict()[name], t, rtol=1e-5, atol=1e-6, msg=name)
     for (name, p), q in zip(want.named_parameters(), got.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_the_native_handler_records_the_calls_and_the_python_side_keys_them_alike():
+    """`substitute("fused")`'s `__torch_dispatch__` is the Rust handler: functional ops, lists
+    of tensors, keyword statics, views of pending values and in-place updates are recorded
+    there, none by the Python handler, and each node's key is the one the Python side computes
+    for it (`_key_of`), folded into the same running hash."""
+    from tpu_kernels.torch.fused import FusedMode, _key_of
+
+    x = torch.randn(8, 16)
+    before = dict(report().fused)
+    with substitute("fused") as mode:
+        assert type(mode.__torch_dispatch__).__name__ == "FusedDispatch"
+        a = torch.cat([x.t() @ x, torch.tanh(x.t())[:, :8] * 2], 1)
+        a.add_(0.5)
+        b = F.gelu(a, approximate="tanh").sum(dim=[0], keepdim=True)
+        c = b.view(4, 6).transpose(0, 1) * 3
+        keys = [_key_of(n) for n in mode.nodes]
+        assert keys == mode.node_keys
+        h = 0
+        for k in keys:
+            h = hash((h, k))
+        assert h == mode.hash
+        assert any(n[5] for n in mode.nodes), "a view of a pending value is recorded as an alias"
+    after = report().fused
+    recorded = after["ops"] - before["ops"]
+    assert after["flushes"] == before["flushes"] + 1
+    assert recorded == len(keys) >= 10 and after["native_ops"] - before["native_ops"] == recorded
+    want = torch.cat([x.t() @ x, torch.tanh(x.t())[:, :8] * 2], 1) + 0.5
+    want = (F.gelu(want, approximate="tanh").sum(dim=[0], keepdim=True).view(4, 6).transpose(0, 1)) * 3
+    torch.testing.assert_close(c, want, rtol=1e-5, atol=1e-4)
+    # The Python handler alone records all of it (the count the native one would take is 0).
+    before = dict(report().fused)
+    with FusedMode(native_handler=False):
+        c2 = (torch.tanh(x) * 2).sum()
+    after = report().fused
+    assert after["ops"] - before["ops"] == 3 and after["native_ops"] == before["native_ops"]
+    torch.testing.assert_close(c2, (torch.tanh(x) * 2).sum())
+
+
+def test_a_step_recorded_by_either_handler_runs_the_program_the_other_compiled():
+    """The two handlers build the same trace to the key: a training step (forward, backward,
+    AdamW's in-place updates with lifted floats) recorded by the native handler finds the
+    program compiled for the Python handler's, and the other way round; most of the step's
+    ops are the native handler's, and the parameters follow eager's."""
+    import copy
+
+    from tpu_kernels.torch.fused import FusedMode
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.SiLU(), torch.nn.Linear(24, 4))
+    ref = copy.deepcopy(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, foreach=False) for m in (model, ref)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda i: 1.0 / (1 + i)) for o in opts]
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+
+    def step(m, opt, sched, ctx):
+        opt.zero_grad(set_to_none=True)
+        with ctx:
+            loss = F.mse_loss(m(x), y)
+            loss.backward()
+            opt.step()
+            tpu_kernels_torch.sync()
+        sched.step()
+        return float(loss)
+
+    natives = [False, False, False, False, True, False, True, True, False]
+    for i, native in enumerate(natives):
+        before = (_traces(), dict(report().fused))
+        got = step(model, opts[0], scheds[0], FusedMode(native_handler=native))
+        want = step(ref, opts[1], scheds[1], contextlib.nullcontext())
+        after = (_traces(), report().fused)
+        assert got == pytest.approx(want, rel=1e-5, abs=1e-6)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        ops = after[1]["ops"] - before[1]["ops"]
+        native_ops = after[1]["native_ops"] - before[1]["native_ops"]
+        if native:
+            assert native_ops >= 0.9 * ops, (i, native_ops, ops)
+        else:
+            assert native_ops == 0
+        if i >= 4:  # past the steps that create the state and lift the optimizer's floats
+            assert after[0]["hits"] == before[0]["hits"] + 1, (i, after[0]["last_miss"])
+            assert after[0]["misses"] == before[0]["misses"], (i, after[0]["last_miss"])
+
+
+def test_fused_program_reads_a_row_slice_whose_unit_dim_has_another_stride():
+    """A `[1, 16]` slice of a `[1, 64]` buffer (transformers' `position_ids[:, :seq]`) is
+    contiguous for torch though its unit dim keeps the parent's stride: the program reads it in
+    place instead of refusing it and replaying in PyTorch."""
+    base = torch.randn(1, 64)
+    x = base[:, :16]
+    assert x.is_contiguous() and x.stride() == (64, 1)
+    with no_fallbacks(kernels=["silu"], programs=1):
+        with substitute("fused"):
+            y = F.silu(x) * 2 + 1
+            y = y + 0  # materialised below
+        got = y.clone()
+    torch.testing.assert_close(got, F.silu(x) * 2 + 1)

@@ -532,6 +532,26 @@ def recording(n_ops: int, steps: int) -> dict[str, float | str]:
 
     fused_rows("substitute('fused')", fused_cpu)
 
+    def fused_cpu_python():
+        from tpu_kernels.torch.fused import FusedMode
+
+        with FusedMode(native_handler=False):
+            return fused_split(lambda: _recorded_chain(x, w, n_ops), sync)
+
+    fused_rows("substitute('fused'), Python handler", fused_cpu_python)
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _RunEachOp(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def floor():
+        with _RunEachOp():
+            return _recorded_chain(x, w, n_ops)
+
+    out["a Python dispatch mode that runs each op, per op (the mode's floor)"] = median_us(floor)
+
     xt, wt = x.to("tpu"), w.to("tpu")
     strict_tpu = lambda: _recorded_chain(xt, wt, n_ops)  # noqa: E731
     out["tpu strict, per op"] = ours_timed(
@@ -642,8 +662,13 @@ def main() -> int:
         if not isinstance(v, str):
             print(f"   => tpu fused with the Python recorder (no target): {v:.2f} us per op")
         v = r["substitute('fused') recording, per op (trace-cache hit)"]
-        if not isinstance(v, str):
-            print(f"   => substitute('fused') on CPU tensors (the Python mode's floor, no target): {v:.2f} us per op")
+        vp = r["substitute('fused'), Python handler recording, per op (trace-cache hit)"]
+        floor = r["a Python dispatch mode that runs each op, per op (the mode's floor)"]
+        if not isinstance(v, str) and not isinstance(vp, str):
+            print(
+                f"   => substitute('fused') on CPU tensors (no target): {v:.2f} us per op with the native handler, "
+                f"{vp:.2f} with the Python one; a Python dispatch mode that only runs each op: {floor:.2f}"
+            )
     if NOT_OURS:
         print(f"{len(NOT_OURS)} timed paths were NOT OURS (not timed):", file=sys.stderr)
         for what in NOT_OURS:

@@ -24,6 +24,7 @@ class _Local:
     last: dict = field(default_factory=dict)
     fused_flushes: int = 0
     fused_ops: int = 0
+    fused_native_ops: int = 0
     fused_reasons: dict = field(default_factory=lambda: defaultdict(int))
     compiled_graphs: list = field(default_factory=list)
     # Runs of compiled graphs' programs through the backend, the seconds they took from the
@@ -93,10 +94,13 @@ def raise_if_policy(message: str) -> None:
         raise InternalError(message)
 
 
-def record_fused_flush(n_ops: int, reason: str) -> None:
+def record_fused_flush(n_ops: int, reason: str, native_ops: int = 0) -> None:
+    """A fused program's flush: `n_ops` recorded ops, `native_ops` of them by the native
+    handler."""
     with LOCAL.lock:
         LOCAL.fused_flushes += 1
         LOCAL.fused_ops += n_ops
+        LOCAL.fused_native_ops += native_ops
         LOCAL.fused_reasons[reason] += 1
 
 
@@ -292,7 +296,10 @@ class Report:
         f = self.fused
         if f["flushes"]:
             reasons = ", ".join(f"{k}={v}" for k, v in sorted(f["reasons"].items()))
-            lines.append(f"fused: {f['flushes']} programs run over {f['ops']} recorded ops (materialised by: {reasons})")
+            lines.append(
+                f"fused: {f['flushes']} programs run over {f['ops']} recorded ops, {f['native_ops']} of them by the "
+                f"native handler (materialised by: {reasons})"
+            )
             tc = f["trace_cache"]
             why = ", ".join(f"{k}={v}" for k, v in sorted(tc["miss_reasons"].items()))
             lines.append(
@@ -352,7 +359,13 @@ def report() -> Report:
             seq, message = LOCAL.last.get(op, (0, None))
             if message is not None and seq > o.get("last_fallback_seq", 0):
                 o["last_fallback"] = message
-        fused = {"flushes": LOCAL.fused_flushes, "ops": LOCAL.fused_ops, "reasons": dict(LOCAL.fused_reasons)}
+        fused = {
+            "flushes": LOCAL.fused_flushes,
+            "ops": LOCAL.fused_ops,
+            # Of the ops, those the native handler recorded (the rest, the Python handler).
+            "native_ops": LOCAL.fused_native_ops,
+            "reasons": dict(LOCAL.fused_reasons),
+        }
     fused_module = sys.modules.get("tpu_kernels.torch.fused")
     fused["trace_cache"] = fused_module.trace_cache_stats() if fused_module is not None else _NO_TRACES
     with LOCAL.lock:

@@ -82,19 +82,10 @@ def op_key(func) -> str:
     return key
 
 
-class _Input:
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-
-
-class _Ref:
-    __slots__ = ("node", "out")
-
-    def __init__(self, node: int, out: int) -> None:
-        self.node = node
-        self.out = out
+# A program input (`.index`) and a recorded value (`.node`, `.out`), as the native handler
+# records them too.
+_Input = native().FusedInput
+_Ref = native().FusedRef
 
 
 class _Lifted:
@@ -310,7 +301,7 @@ def _is_float_key(k) -> bool:
 class FusedMode(TorchDispatchMode):
     """Records lowerable ops and runs them as one program per materialisation point."""
 
-    def __init__(self) -> None:
+    def __init__(self, native_handler: bool = True) -> None:
         super().__init__()
         TABLE.refresh()
         self.refused = sorted(TABLE.refused)
@@ -321,6 +312,49 @@ class FusedMode(TorchDispatchMode):
         self._reset()
         self._saved: dict[str, object] = {}
         self._flushing = False
+        self._handler = None
+        if native_handler:
+            # The hot path in Rust: it records the plain calls (a lowerable functional op on CPU
+            # tensors, its output types known) as `_dispatch` would, and hands every other call
+            # to `__torch_dispatch__`.
+            kit = (
+                torch.Tensor,
+                torch.dtype,
+                torch.layout,
+                torch.memory_format,
+                torch.empty,
+                torch._C.TensorBase.data_ptr,
+                TRACES,
+                DTYPES,
+                _Lifted,
+                _LIFTABLE_DTYPES,
+            )
+            # (the functions unbound: the handler holds the mode weakly, so no cycle keeps it)
+            self._handler = native().FusedDispatch(self, FusedMode._native_plan, FusedMode.__torch_dispatch__, kit)
+            self.__torch_dispatch__ = self._handler
+
+    def _native_plan(self, func):
+        """How the native handler takes calls of `func` (asked once per op overload): None (it
+        hands them to `__torch_dispatch__`), ("plain", key) for a functional op programs lower,
+        ("in_place", functional key, functional op), ("view", key, lowered), or ("run",
+        metadata only) for an op that runs at once unless it reads a pending value."""
+        key, mutable, recordable, returns_alias, random = self._info(func)
+        plan = None
+        if key in _METADATA_ONLY:
+            plan = ("run", True)
+        elif random or key in _MUTATING:
+            pass
+        elif mutable:
+            f = self._functional_of(func)
+            if f is not None:
+                plan = ("in_place", op_key(f), f)
+        elif returns_alias:
+            plan = ("view", key, key in self.supported)
+        elif recordable:
+            plan = ("plain", key)
+        else:
+            plan = ("run", False)
+        return plan
 
     def _reset(self) -> None:
         # Per node: (func, args, kwargs with _Ref/_Input/_Lifted, [weakref to output], output types).
@@ -483,10 +517,15 @@ class FusedMode(TorchDispatchMode):
         except InternalError:  # a materialisation's error under the "raise" policy
             raise
         except Exception as e:  # a recording failure is an error: counted, raised under "raise"
-            _stats.record_fallback("fused", "internal", f"recording `{op_key(func)}` failed: {type(e).__name__}: {e}")
-            if self.nodes:
-                self.flush("internal error")
-            return func(*args, **kwargs)
+            return self._recording_failed(func, args, kwargs, e)
+
+    def _recording_failed(self, func, args, kwargs, e: BaseException):
+        """Recording `func` failed (here or in the native handler): counted (raised as
+        `InternalError` under the "raise" policy), what was recorded runs, then the op."""
+        _stats.record_fallback("fused", "internal", f"recording `{op_key(func)}` failed: {type(e).__name__}: {e}")
+        if self.nodes:
+            self.flush("internal error")
+        return func(*args, **kwargs)
 
     def _types_like(self, f, args, kwargs, target: torch.Tensor):
         """The output types of `f` on these arguments when it has one output, of `target`'s
@@ -870,24 +909,7 @@ class FusedMode(TorchDispatchMode):
                 r = self._ref_of(x) if known is None else known.get(id(x))
                 if r is not None:
                     return r
-                hit = self.input_ids.get(id(x))
-                if hit is not None and hit[1] is x:
-                    return _Input(hit[0])
-                # Another tensor over the same memory and geometry (autograd's saved parameter,
-                # a `detach()`) is the same input: one program input, whose memory an in-place
-                # update of either may then take (`_lending`).
-                storage = _storage(x)
-                same = (storage, x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device)
-                k = self.input_aliases.get(same) if storage else None
-                if k is None:
-                    k = len(self.inputs)
-                    self.inputs.append(x)
-                    self.input_storages.add(storage)
-                    self.input_keys.append((x.dtype, tuple(x.shape), x.device.type, _dense_order(x)))
-                    if storage:
-                        self.input_aliases[same] = k
-                self.input_ids[id(x)] = (k, x)
-                return _Input(k)
+                return self._input_ref(x)
             return x
 
         rargs = tuple(_map(a, to_ref) for a in args)
@@ -917,6 +939,29 @@ class FusedMode(TorchDispatchMode):
             else:
                 self.node_keys.append(node_key)
                 self.hash = hash((self.hash, node_key))
+
+    def _input_ref(self, x: torch.Tensor):
+        """`x` as a program input (a tensor that is no recorded value), registered on first use."""
+        hit = self.input_ids.get(id(x))
+        if hit is not None and hit[1] is x:
+            return _Input(hit[0])
+        # Another tensor over the same memory and geometry (autograd's saved parameter, a
+        # `detach()`) is the same input: one program input, whose memory an in-place update of
+        # either may then take (`_lending`).
+        storage = _storage(x)
+        same = (storage, x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device)
+        k = self.input_aliases.get(same) if storage else None
+        if k is None:
+            k = len(self.inputs)
+            self.inputs.append(x)
+            self.input_storages.add(storage)
+            self.input_keys.append((x.dtype, tuple(x.shape), x.device.type, _dense_order(x)))
+            if storage:
+                self.input_aliases[same] = k
+        # (input index, the tensor, its memory's address: the native handler's check that no
+        # pending value shares it)
+        self.input_ids[id(x)] = (k, x, storage)
+        return _Input(k)
 
     def _lift(self, func, rargs, rkwargs, short):
         """The arguments with each float at a lifted position (of an op with a floating result)
@@ -1084,7 +1129,8 @@ class FusedMode(TorchDispatchMode):
                         "fused", "replay", f"fused program replayed in PyTorch: {type(e).__name__}: {str(e)[:500]}"
                     )
                     self._replay(live)
-                _stats.record_fused_flush(n_ops, reason.split(" ")[0])
+                native_ops = self._handler.take_counts()[0] if self._handler is not None else 0
+                _stats.record_fused_flush(n_ops, reason.split(" ")[0], native_ops)
             finally:
                 self._reset()
 
