@@ -152,6 +152,7 @@ struct Kit {
     dtype: Py<PyType>,
     layout: Py<PyType>,
     memory_format: Py<PyType>,
+    device: Py<PyType>,
     empty: Py<PyAny>,
     /// `torch._C.TensorBase.data_ptr`, which fused mode's patch of `Tensor.data_ptr` leaves.
     data_ptr: Py<PyAny>,
@@ -408,13 +409,28 @@ impl FusedDispatch {
             for (k, v) in kwargs.iter() {
                 let k = k.cast_into::<PyString>()?;
                 let name = k.to_str()?;
-                if name == "device" {
-                    return Ok(None);
-                }
                 call.signature.push(11);
                 encode_str(name, &mut call.signature);
                 if v.is_instance(tensor)? {
                     return Ok(None);
+                }
+                if name == "device" && !v.is_none() {
+                    // The CPU (a factory op's placeholders are CPU tensors); a copy to another
+                    // device is the Python side's.
+                    let cpu = match v.cast::<PyString>() {
+                        Ok(s) => s.to_str()? == "cpu",
+                        Err(_) => {
+                            v.is_instance(self.kit.device.bind(py))?
+                                && v.getattr(pyo3::intern!(py, "type"))?.eq("cpu")?
+                                && v.getattr(pyo3::intern!(py, "index"))?.is_none()
+                        }
+                    };
+                    if !cpu {
+                        return Ok(None);
+                    }
+                    call.signature.push(13);
+                    call.kwargs.push((k, v));
+                    continue;
                 }
                 if let Some(op) = op
                     && lifting
@@ -427,9 +443,6 @@ impl FusedDispatch {
                 }
                 call.kwargs.push((k, v));
             }
-        }
-        if call.tensors.is_empty() {
-            return Ok(None);
         }
         Ok(Some(call))
     }
@@ -717,29 +730,14 @@ impl FusedDispatch {
         .into_any())
     }
 
-    /// The checks a call passes before it is recorded here (as `FusedMode._dispatch` makes
-    /// them): not bookkeeping on zero-dim values, no argument a view of a pending value. Whether a tensor argument is a recorded value, or `None` when the
-    /// Python handler takes the call.
+    /// The checks a call makes before it is recorded here (as `FusedMode._dispatch` makes
+    /// them): no argument a view of a pending value, and not bookkeeping on zero-dim values.
     fn common_checks(
         &self,
         py: Python<'_>,
         mode: &Bound<'_, PyAny>,
         call: &Call<'_>,
-    ) -> PyResult<Option<bool>> {
-        let pending_any = call.tensors.iter().any(|(_, s)| matches!(s, Seen::Ref(..)));
-        if !pending_any {
-            // Bookkeeping on zero-dim tensors that hold their values: the Python side runs it.
-            let mut all_scalars = true;
-            for (t, _) in &call.tensors {
-                if t.getattr(pyo3::intern!(py, "ndim"))?.extract::<usize>()? != 0 {
-                    all_scalars = false;
-                    break;
-                }
-            }
-            if all_scalars {
-                return Ok(None);
-            }
-        }
+    ) -> PyResult<Checked> {
         let pending = mode.getattr(pyo3::intern!(py, "pending_storages"))?;
         let pending = pending.cast::<PyDict>()?;
         if !pending.is_empty() {
@@ -754,11 +752,26 @@ impl FusedDispatch {
                         .is_truthy()?,
                 };
                 if aliases {
-                    return Ok(None);
+                    return Ok(Checked::Python);
                 }
             }
         }
-        Ok(Some(pending_any))
+        let pending_any = call.tensors.iter().any(|(_, s)| matches!(s, Seen::Ref(..)));
+        if !pending_any && !call.tensors.is_empty() {
+            // Bookkeeping on zero-dim tensors that hold their values (an optimizer's step
+            // count): run at once, the trace going on.
+            let mut all_scalars = true;
+            for (t, _) in &call.tensors {
+                if t.getattr(pyo3::intern!(py, "ndim"))?.extract::<usize>()? != 0 {
+                    all_scalars = false;
+                    break;
+                }
+            }
+            if all_scalars {
+                return Ok(Checked::Scalars);
+            }
+        }
+        Ok(Checked::Record(pending_any))
     }
 
     /// Whether a float argument of `op` may be lifted into a program input (the Python side
@@ -782,14 +795,16 @@ impl FusedDispatch {
         let Some(mut call) = self.inspect(py, mode, func, Some(op), args, kwargs)? else {
             return Ok(None);
         };
-        let Some(pending_any) = self.common_checks(py, mode, &call)? else {
-            return Ok(None);
+        let pending_any = match self.common_checks(py, mode, &call)? {
+            Checked::Record(pending_any) => pending_any,
+            Checked::Scalars => return user_call(func, args, kwargs).map(Some),
+            Checked::Python => return Ok(None),
         };
         let signature = std::mem::take(&mut call.signature);
         let Some(types) = self.types(py, mode, func, args, kwargs, signature)? else {
             return Ok(None);
         };
-        if types.outs.is_empty() || types.scalar && !pending_any {
+        if types.outs.is_empty() || types.scalar && !pending_any && !call.tensors.is_empty() {
             // A scalar of values that hold their memory (`attention_mask.all()`) runs now, as
             // the Python side runs it, so the read that follows ends no trace.
             return Ok(None);
@@ -840,8 +855,23 @@ impl FusedDispatch {
             return Ok(None);
         };
         let target = target.clone();
-        if self.common_checks(py, mode, &call)?.is_none() {
-            return Ok(None);
+        match self.common_checks(py, mode, &call)? {
+            Checked::Record(_) => {}
+            Checked::Scalars => {
+                // A write into memory a recorded op reads waits for the trace (the Python side
+                // runs it after the flush).
+                let nodes = mode.getattr(pyo3::intern!(py, "nodes"))?;
+                if !nodes.cast::<PyList>()?.is_empty() {
+                    let inputs = mode.getattr(pyo3::intern!(py, "input_storages"))?;
+                    for (t, _) in &call.tensors {
+                        if inputs.contains(storage_of(t))? {
+                            return Ok(None);
+                        }
+                    }
+                }
+                return user_call(func, args, kwargs).map(Some);
+            }
+            Checked::Python => return Ok(None),
         }
         // Whether a recorded op may stand for the target's new value (`_writable`).
         let seen = &call.tensors[0].1;
@@ -1063,6 +1093,16 @@ impl FusedDispatch {
     }
 }
 
+/// What the checks before recording found (`FusedDispatch::common_checks`).
+enum Checked {
+    /// Record the call; whether an argument is a recorded value.
+    Record(bool),
+    /// Bookkeeping on zero-dim tensors that hold their values: run at once.
+    Scalars,
+    /// The Python handler's.
+    Python,
+}
+
 /// How a call through this path ended: its outputs, `None` for the Python handler, or a failure.
 type Outcome<'py> = Result<Option<Bound<'py, PyAny>>, Failure>;
 
@@ -1176,7 +1216,7 @@ impl FusedDispatch {
     /// `mode`: the fused mode (held weakly); `planner`: the Python side's plan of an op not seen
     /// yet, called as `planner(mode, func)`; `python`: its handler, called as
     /// `python(mode, func, types, args, kwargs)`; `kit`: `(torch.Tensor, torch.dtype, torch.layout,
-    /// torch.memory_format, torch.empty, TensorBase.data_ptr, the trace cache, graph.DTYPES,
+    /// torch.memory_format, torch.device, torch.empty, TensorBase.data_ptr, the trace cache, graph.DTYPES,
     /// fused._Lifted, fused._LIFTABLE_DTYPES)`.
     #[new]
     fn new(
@@ -1191,6 +1231,7 @@ impl FusedDispatch {
             dtype,
             layout,
             memory_format,
+            device,
             empty,
             data_ptr,
             traces,
@@ -1207,6 +1248,7 @@ impl FusedDispatch {
                 dtype,
                 layout,
                 memory_format,
+                device,
                 empty,
                 data_ptr,
                 traces,

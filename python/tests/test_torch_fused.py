@@ -487,8 +487,8 @@ def test_batch_norm_updates_its_running_statistics_inside_the_trace():
 
 def test_the_native_handler_records_the_calls_and_the_python_side_keys_them_alike():
     """`substitute("fused")`'s `__torch_dispatch__` is the Rust handler: functional ops, lists
-    of tensors, keyword statics, views of pending values and in-place updates are recorded
-    there, none by the Python handler, and each node's key is the one the Python side computes
+    of tensors, keyword statics, views of pending values, in-place updates and factory ops are
+    recorded there, none by the Python handler, and each node's key is the one the Python side computes
     for it (`_key_of`), folded into the same running hash."""
     from tpu_kernels.torch.fused import FusedMode, _key_of
 
@@ -499,7 +499,8 @@ def test_the_native_handler_records_the_calls_and_the_python_side_keys_them_alik
         a = torch.cat([x.t() @ x, torch.tanh(x.t())[:, :8] * 2], 1)
         a.add_(0.5)
         b = F.gelu(a, approximate="tanh").sum(dim=[0], keepdim=True)
-        c = b.view(4, 6).transpose(0, 1) * 3
+        # Factory ops (CPU placeholders too).
+        c = b.view(4, 6).transpose(0, 1) * 3 + torch.zeros(6, 4, device="cpu") + torch.arange(4.0)
         keys = [_key_of(n) for n in mode.nodes]
         assert keys == mode.node_keys
         h = 0
@@ -513,6 +514,7 @@ def test_the_native_handler_records_the_calls_and_the_python_side_keys_them_alik
     assert recorded == len(keys) >= 10 and after["native_ops"] - before["native_ops"] == recorded
     want = torch.cat([x.t() @ x, torch.tanh(x.t())[:, :8] * 2], 1) + 0.5
     want = (F.gelu(want, approximate="tanh").sum(dim=[0], keepdim=True).view(4, 6).transpose(0, 1)) * 3
+    want = want + torch.arange(4.0)
     torch.testing.assert_close(c, want, rtol=1e-5, atol=1e-4)
     # The Python handler alone records all of it (the count the native one would take is 0).
     before = dict(report().fused)

@@ -322,6 +322,7 @@ class FusedMode(TorchDispatchMode):
                 torch.dtype,
                 torch.layout,
                 torch.memory_format,
+                torch.device,
                 torch.empty,
                 torch._C.TensorBase.data_ptr,
                 TRACES,
