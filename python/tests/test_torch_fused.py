@@ -584,3 +584,71 @@ def test_fused_program_reads_a_row_slice_whose_unit_dim_has_another_stride():
             y = y + 0  # materialised below
         got = y.clone()
     torch.testing.assert_close(got, F.silu(x) * 2 + 1)
+
+
+def _battery():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 16, generator=g)
+    i = torch.tensor([3, 0, 7, 7])
+    i2 = torch.randint(0, 16, (8, 4), generator=g)
+    m = torch.rand(8, 16, generator=g) > 0.5
+
+    def in_place():
+        y = x.clone()
+        y.mul_(2).add_(1)
+        y[:, 0] = 5.0
+        y.clamp_(min=0.5)
+        return y
+
+    def autograd():
+        w = x.clone().requires_grad_()
+        (F.silu(w) * 2).sum().backward()
+        return w.grad
+
+    return {
+        "elementwise": lambda: torch.where(x > 0, x, 0.1 * x) * 2.5 - 1,
+        "reductions": lambda: (
+            x.sum(dim=1, keepdim=True),
+            x.mean(-1),
+            x.amax(0),
+            torch.var(x, dim=0, unbiased=False),
+        ),
+        "views": lambda: (x.view(4, 32).t().contiguous() + 1, x[:, 2:5] * 2, x.unsqueeze(0).expand(3, 8, 16).sum(0)),
+        "in_place": in_place,
+        "lists": lambda: (torch.cat([x, x * 2], 0), torch.stack([x, x + 1], 1)),
+        "dtypes": lambda: (x.to(torch.bfloat16).float() * 3, (x > 0).sum(), x.argmax(1)),
+        "indexing": lambda: (x[i] * 2, x.index_select(0, i) + 1, x.gather(1, i2) - 1, x.masked_fill(m, 0.0) * 3),
+        "factories": lambda: (
+            torch.zeros(8, 16) + x,
+            torch.ones_like(x) * x,
+            torch.arange(16.0) * x,
+            torch.full((8, 16), 2.0) * x,
+        ),
+        "nn": lambda: (F.layer_norm(x, (16,)) * 2, F.softmax(x, -1) + 1, F.gelu(x, approximate="tanh") - 1),
+        "matmul": lambda: (x @ x.t() + 1, torch.einsum("ij,kj->ik", x, x) * 2),
+        "autograd": autograd,
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_battery()))
+def test_both_handlers_record_the_same_trace_and_values(case):
+    """The native handler and the Python one, on the same calls: the same recorded nodes (node
+    keys, op by op) and eager's values; the native one recorded every op it was given."""
+    from tpu_kernels.torch.fused import FusedMode
+
+    want = _battery()[case]()
+    got, keys, native_ops = {}, {}, {}
+    for native in (True, False):
+        fn = _battery()[case]
+        before = report().fused["native_ops"]
+        with FusedMode(native_handler=native) as mode:
+            out = fn()
+            keys[native] = list(mode.node_keys)
+        got[native] = out
+        native_ops[native] = report().fused["native_ops"] - before
+    assert keys[True] and keys[True] == keys[False]
+    assert native_ops[False] == 0 and native_ops[True] > 0
+    for native in (True, False):
+        outs = got[native] if isinstance(want, tuple) else (got[native],)
+        for g, w in zip(outs, want if isinstance(want, tuple) else (want,), strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
