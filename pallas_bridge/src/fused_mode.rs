@@ -24,6 +24,7 @@ use pyo3::types::{
     PyBool, PyDict, PyFloat, PyInt, PyList, PySet, PyString, PyTuple, PyType, PyWeakrefReference,
 };
 
+use crate::mode_handler::{ModeRef, call_args};
 use crate::torch_bridge::runtime;
 
 /// Output-type entries kept (cleared when full, as the Python side's cache is).
@@ -174,7 +175,7 @@ struct Kit {
 #[pyclass(module = "tpu_kernels._native.torch_bridge", frozen)]
 #[derive(Debug)]
 pub struct FusedDispatch {
-    mode: Py<PyWeakrefReference>,
+    mode: ModeRef,
     /// The Python side's plan of an op not seen yet (`planner(mode, func)`, see `learn`), and
     /// its handler, which takes the calls this path does not.
     planner: Py<PyAny>,
@@ -298,7 +299,7 @@ impl FusedDispatch {
         {
             let hit = hit.cast::<PyTuple>()?;
             let w = hit.get_item(2)?;
-            if w.cast::<PyWeakrefReference>()?.upgrade().is_some_and(|o| o.is(t)) {
+            if refers_to(&w, t)? {
                 return Ok(Seen::Ref(hit.get_item(0)?.extract()?, hit.get_item(1)?.extract()?));
             }
         }
@@ -332,13 +333,10 @@ impl FusedDispatch {
     /// recorded op's key, when its float arguments may be lifted.
     fn inspect<'py>(
         &self,
-        py: Python<'py>,
-        mode: &Bound<'py, PyAny>,
-        func: &Bound<'py, PyAny>,
+        d: Dispatched<'_, 'py>,
         op: Option<&Bound<'py, PyString>>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Option<Call<'py>>> {
+        let Dispatched { py, mode, func, args, kwargs } = d;
         let lifting = match op {
             Some(op) => self.lifted(py, op)?,
             None => false,
@@ -447,17 +445,16 @@ impl FusedDispatch {
         Ok(Some(call))
     }
 
-    /// The output types of the call (learned from the Python side once per signature); `None`
-    /// when the op's meta function gives none the program takes.
+    /// The output types of `func` (the call's op, or the functional op it is recorded as) on
+    /// the call's arguments, learned from the Python side once per signature; `None` when the
+    /// op's meta function gives none the program takes.
     fn types(
         &self,
-        py: Python<'_>,
-        mode: &Bound<'_, PyAny>,
+        d: Dispatched<'_, '_>,
         func: &Bound<'_, PyAny>,
-        args: &Bound<'_, PyTuple>,
-        kwargs: Option<&Bound<'_, PyDict>>,
         signature: Vec<u64>,
     ) -> PyResult<Option<Arc<Types>>> {
+        let Dispatched { py, mode, args, kwargs, .. } = d;
         if let Some(t) = known(py).types.get(&signature) {
             return Ok(Some(t.clone()));
         }
@@ -783,16 +780,9 @@ impl FusedDispatch {
     }
 
     /// A functional op recorded with fresh placeholders as outputs.
-    fn plain<'py>(
-        &self,
-        py: Python<'py>,
-        mode: &Bound<'py, PyAny>,
-        op: &Bound<'py, PyString>,
-        func: &Bound<'py, PyAny>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> Outcome<'py> {
-        let Some(mut call) = self.inspect(py, mode, func, Some(op), args, kwargs)? else {
+    fn plain<'py>(&self, d: Dispatched<'_, 'py>, op: &Bound<'py, PyString>) -> Outcome<'py> {
+        let Dispatched { py, mode, func, args, kwargs } = d;
+        let Some(mut call) = self.inspect(d, Some(op))? else {
             return Ok(None);
         };
         let pending_any = match self.common_checks(py, mode, &call)? {
@@ -801,7 +791,7 @@ impl FusedDispatch {
             Checked::Python => return Ok(None),
         };
         let signature = std::mem::take(&mut call.signature);
-        let Some(types) = self.types(py, mode, func, args, kwargs, signature)? else {
+        let Some(types) = self.types(d, func, signature)? else {
             return Ok(None);
         };
         if types.outs.is_empty() || types.scalar && !pending_any && !call.tensors.is_empty() {
@@ -837,18 +827,14 @@ impl FusedDispatch {
 
     /// An in-place op recorded as its functional op `functional`, whose result the written
     /// tensor then stands for (`FusedMode._record_in_place`).
-    #[allow(clippy::too_many_arguments)]
     fn in_place<'py>(
         &self,
-        py: Python<'py>,
-        mode: &Bound<'py, PyAny>,
+        d: Dispatched<'_, 'py>,
         op: &Bound<'py, PyString>,
         functional: &Bound<'py, PyAny>,
-        func: &Bound<'py, PyAny>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
     ) -> Outcome<'py> {
-        let Some(mut call) = self.inspect(py, mode, func, Some(op), args, kwargs)? else {
+        let Dispatched { py, mode, func, args, kwargs } = d;
+        let Some(mut call) = self.inspect(d, Some(op))? else {
             return Ok(None);
         };
         let Some(ArgKind::Tensor(target)) = call.args.first() else {
@@ -879,7 +865,7 @@ impl FusedDispatch {
             let pinned = mode.getattr(pyo3::intern!(py, "pinned"))?;
             if let Some(hit) = pinned.cast::<PyDict>()?.get_item(target.as_ptr() as usize)? {
                 let w = hit.cast::<PyTuple>()?.get_item(0)?;
-                if w.cast::<PyWeakrefReference>()?.upgrade().is_some_and(|o| o.is(&target)) {
+                if refers_to(&w, &target)? {
                     return Ok(None);
                 }
             }
@@ -897,7 +883,7 @@ impl FusedDispatch {
             }
         }
         let signature = std::mem::take(&mut call.signature);
-        let Some(types) = self.types(py, mode, functional, args, kwargs, signature)? else {
+        let Some(types) = self.types(d, functional, signature)? else {
             return Ok(None);
         };
         let [Some(o)] = types.outs.as_slice() else {
@@ -935,18 +921,14 @@ impl FusedDispatch {
     /// A view op: run at once (it reads only metadata); over a recorded value it is also
     /// recorded, as an alias, and its output kept as a view of that value's memory (the view
     /// branch of `FusedMode._dispatch`).
-    #[allow(clippy::too_many_arguments)]
     fn view<'py>(
         &self,
-        py: Python<'py>,
-        mode: &Bound<'py, PyAny>,
+        d: Dispatched<'_, 'py>,
         op: &Bound<'py, PyString>,
         lowered: bool,
-        func: &Bound<'py, PyAny>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
     ) -> Outcome<'py> {
-        let Some(call) = self.inspect(py, mode, func, None, args, kwargs)? else {
+        let Dispatched { py, mode, func, args, kwargs } = d;
+        let Some(call) = self.inspect(d, None)? else {
             return Ok(None);
         };
         if !call.tensors.iter().any(|(_, s)| matches!(s, Seen::Ref(..))) {
@@ -968,8 +950,7 @@ impl FusedDispatch {
             let mut r = None;
             if let Some(hit) = view_roots.get_item(id)? {
                 let hit = hit.cast::<PyTuple>()?;
-                if hit.get_item(0)?.cast::<PyWeakrefReference>()?.upgrade().is_some_and(|o| o.is(t))
-                {
+                if refers_to(&hit.get_item(0)?, t)? {
                     r = Some(hit.get_item(1)?);
                 }
             }
@@ -1051,14 +1032,8 @@ impl FusedDispatch {
 
     /// An op programs do not lower: run at once when it reads no pending value (the Python
     /// side materialises first otherwise, or answers a scalar read).
-    fn run<'py>(
-        &self,
-        py: Python<'py>,
-        mode: &Bound<'py, PyAny>,
-        func: &Bound<'py, PyAny>,
-        args: &Bound<'py, PyTuple>,
-        kwargs: Option<&Bound<'py, PyDict>>,
-    ) -> Outcome<'py> {
+    fn run<'py>(&self, d: Dispatched<'_, 'py>) -> Outcome<'py> {
+        let Dispatched { py, mode, func, args, kwargs } = d;
         let tensor = self.kit.tensor.bind(py);
         let mut tensors = Vec::new();
         collect_tensors(tensor, args.as_any(), &mut tensors, 0)?;
@@ -1091,6 +1066,16 @@ impl FusedDispatch {
     fn plan(&self, func: &Bound<'_, PyAny>) -> Option<Plan> {
         known(func.py()).ops.get(&(func.as_ptr() as usize)).map(|(_, p)| p.clone_ref(func.py()))
     }
+}
+
+/// One call of the handler: its mode, the op overload and the op's arguments.
+#[derive(Clone, Copy)]
+struct Dispatched<'a, 'py> {
+    py: Python<'py>,
+    mode: &'a Bound<'py, PyAny>,
+    func: &'a Bound<'py, PyAny>,
+    args: &'a Bound<'py, PyTuple>,
+    kwargs: Option<&'a Bound<'py, PyDict>>,
 }
 
 /// What the checks before recording found (`FusedDispatch::common_checks`).
@@ -1194,6 +1179,11 @@ fn learn(func: Py<PyAny>, plan: &Bound<'_, PyAny>) -> PyResult<Plan> {
     Ok(again)
 }
 
+/// Whether weak reference `w` (a `weakref.ref` the Python side keeps) refers to `t`.
+fn refers_to(w: &Bound<'_, PyAny>, t: &Bound<'_, PyAny>) -> PyResult<bool> {
+    Ok(w.cast::<PyWeakrefReference>()?.upgrade().is_some_and(|o| o.is(t)))
+}
+
 /// `x`, or a copy of it when it is a list (a recorded node's arguments are its own).
 fn copy_list<'py>(x: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     match x.cast::<PyList>() {
@@ -1240,7 +1230,7 @@ impl FusedDispatch {
             liftable,
         ) = kit.extract()?;
         Ok(FusedDispatch {
-            mode: PyWeakrefReference::new(mode)?.unbind(),
+            mode: ModeRef::new(mode)?,
             planner,
             python,
             kit: Kit {
@@ -1268,7 +1258,7 @@ impl FusedDispatch {
     /// The mode this handler is bound to (PyTorch checks it).
     #[getter(__self__)]
     fn self_(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        Ok(self.mode.bind(py).upgrade().map_or_else(|| py.None(), Bound::unbind))
+        Ok(self.mode.as_self(py))
     }
 
     /// Calls recorded by this handler and calls it handed to the Python handler since the last
@@ -1286,10 +1276,9 @@ impl FusedDispatch {
         args: Option<&Bound<'py, PyTuple>>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let empty = PyTuple::empty(py);
-        let args = args.unwrap_or(&empty);
-        let kwargs = kwargs.filter(|k| !k.is_empty());
-        let Some(mode) = self.mode.bind(py).upgrade() else {
+        let (args, kwargs) = call_args(py, args, kwargs);
+        let args = &args;
+        let Some(mode) = self.mode.get(py) else {
             return Err(pyo3::exceptions::PyRuntimeError::new_err(
                 "the fused mode of this handler is gone",
             ));
@@ -1298,17 +1287,14 @@ impl FusedDispatch {
             Some(plan) => plan,
             None => learn(func.clone().unbind(), &self.planner.bind(py).call1((&mode, func))?)?,
         };
+        let d = Dispatched { py, mode: &mode, func, args, kwargs };
         let done = match &plan {
             Plan::Python => Ok(None),
-            Plan::Plain(op) => self.plain(py, &mode, op.bind(py), func, args, kwargs),
-            Plan::InPlace(op, f) => {
-                self.in_place(py, &mode, op.bind(py), f.bind(py), func, args, kwargs)
-            }
-            Plan::View(op, lowered) => {
-                self.view(py, &mode, op.bind(py), *lowered, func, args, kwargs)
-            }
+            Plan::Plain(op) => self.plain(d, op.bind(py)),
+            Plan::InPlace(op, f) => self.in_place(d, op.bind(py), f.bind(py)),
+            Plan::View(op, lowered) => self.view(d, op.bind(py), *lowered),
             Plan::Run(true) => user_call(func, args, kwargs).map(Some),
-            Plan::Run(false) => self.run(py, &mode, func, args, kwargs),
+            Plan::Run(false) => self.run(d),
         };
         match done {
             Ok(Some(out)) => return Ok(out),

@@ -17,6 +17,7 @@ mod errors;
 mod fused_mode;
 mod intern;
 mod library_api;
+mod mode_handler;
 mod recorder;
 mod registry_api;
 mod runtime;

@@ -19,10 +19,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString, PyTuple, PyType, PyWeakrefReference};
+use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 use tpu_kernels::registration::StaticValue;
 use tpu_kernels_registry::{DispatchError, HostTensor};
 
+use crate::mode_handler::{ModeRef, call_args};
 use crate::torch_bridge::{Imported, exchange_api, export_buffer, import_tensor, runtime};
 
 /// A static argument slot: `(name, position, torch default, is a dtype)`.
@@ -70,7 +71,7 @@ struct Known {
 #[pyclass(module = "tpu_kernels._native.torch_bridge", frozen)]
 #[derive(Debug)]
 pub struct StrictDispatch {
-    mode: Py<PyWeakrefReference>,
+    mode: ModeRef,
     python: Py<PyAny>,
     tensor_type: Py<PyType>,
     known: Mutex<Known>,
@@ -232,7 +233,7 @@ impl StrictDispatch {
         tensor_type: Py<PyType>,
     ) -> PyResult<StrictDispatch> {
         Ok(StrictDispatch {
-            mode: PyWeakrefReference::new(mode)?.unbind(),
+            mode: ModeRef::new(mode)?,
             python,
             tensor_type,
             known: Mutex::new(Known { generation: 0, entries: HashMap::new() }),
@@ -242,7 +243,7 @@ impl StrictDispatch {
     /// The mode this handler is bound to (PyTorch checks it).
     #[getter(__self__)]
     fn self_(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        Ok(self.mode.bind(py).upgrade().map_or_else(|| py.None(), Bound::unbind))
+        Ok(self.mode.as_self(py))
     }
 
     /// Records how calls of `func` go: `None` (no kernel binds it), `"python"` (the Python
@@ -296,9 +297,8 @@ impl StrictDispatch {
         args: Option<&Bound<'py, PyTuple>>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let empty = PyTuple::empty(py);
-        let args = args.unwrap_or(&empty);
-        let kwargs = kwargs.filter(|k| !k.is_empty());
+        let (args, kwargs) = call_args(py, args, kwargs);
+        let args = &args;
         match self.entry(py, func) {
             Some(Entry::Passthrough) => func.call(args, kwargs),
             Some(Entry::Fast(plan)) => match self.run(py, &plan, func, args, kwargs)? {
