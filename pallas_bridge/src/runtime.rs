@@ -6,7 +6,9 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use pyo3::prelude::*;
 use tpu_kernels_registry::cache::{CacheConfig, CompileCache};
-use tpu_kernels_registry::pjrt::{Client, ClientOptions, Plugin, Topology, retain_large_blocks};
+use tpu_kernels_registry::pjrt::{
+    Client, ClientOptions, Plugin, Topology, interleave_vector_loops, retain_large_blocks,
+};
 
 use crate::errors::raise;
 
@@ -28,12 +30,14 @@ pub fn cpu_async() -> bool {
 
 /// The shared PJRT CPU client (one device; executions on the calling thread unless
 /// [`cpu_async`]). Created after the C allocator is told to keep large blocks
-/// ([`retain_large_blocks`]: programs' temporaries are not faulted in again on every run).
+/// ([`retain_large_blocks`]: programs' temporaries are not faulted in again on every run) and
+/// XLA:CPU's loops to interleave vectors ([`interleave_vector_loops`]).
 pub fn cpu_client(py: Python<'_>) -> PyResult<Client> {
     static CLIENT: OnceLock<Result<Client, String>> = OnceLock::new();
     CLIENT
         .get_or_init(|| {
             retain_large_blocks();
+            interleave_vector_loops()?;
             Plugin::cpu()
                 .and_then(|p| Client::new(&p, ClientOptions::new().asynchronous(cpu_async())))
                 .map_err(|e| e.to_string())

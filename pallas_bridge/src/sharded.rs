@@ -58,6 +58,7 @@ fn sharded_client() -> Result<&'static Client, String> {
             Err(_) => DEFAULT_DEVICES,
         };
         tpu_kernels_registry::pjrt::retain_large_blocks();
+        tpu_kernels_registry::pjrt::interleave_vector_loops()?;
         let client = Plugin::cpu()
             .and_then(|p| Client::new(&p, ClientOptions::new().cpu_device_count(count as i64)))
             .map_err(|e| format!("PJRT CPU client with {count} devices: {e}"))?;

@@ -33,7 +33,8 @@ use tpu_kernels_registry::graph::{
     self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall, ShardSpec,
 };
 use tpu_kernels_registry::pjrt::{
-    Buffer, CompileOptions, LoadedExecutable, OptionOverride, Program, ViewCache,
+    Buffer, CompileOptions, InterleavePolicy, LoadedExecutable, OptionOverride, Program, ViewCache,
+    interleave_policy,
 };
 use tpu_kernels_registry::tuning::{self, Tuner};
 use tpu_kernels_registry::{
@@ -1338,6 +1339,10 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
                 OptionOverride::Bool(b) => compile_options.set_item(name, *b)?,
                 OptionOverride::Str(s) => compile_options.set_item(name, s)?,
             }
+        }
+        if let Some(Ok(InterleavePolicy::Set(n))) = interleave_policy() {
+            compile_options
+                .set_item("xla_backend_extra_options", format!("-force-vector-interleave={n}"))?;
         }
     }
     d.set_item("cpu_compile_options", compile_options)?;

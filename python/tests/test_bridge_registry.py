@@ -107,7 +107,9 @@ def test_checks_emit_compile_run(cleanup):
 
 def test_compile_cache_keys_see_the_compilers_flags(tmp_path):
     """A program compiled under other `XLA_FLAGS` is compiled again, not loaded from disk (a flag
-    can change the code XLA emits); the same flags find the entry again."""
+    can change the code XLA emits); the same flags find the entry again. The loop interleave
+    count tpu_kernels puts in `XLA_FLAGS` is one of them: another count, or none, compiles
+    again."""
     import subprocess
     import sys
 
@@ -118,11 +120,14 @@ def test_compile_cache_keys_see_the_compilers_flags(tmp_path):
         "print(n.run_module_cpu(t, [np.arange(4, dtype=np.float32)])[1]['cache'])\n"
     )
 
-    def cache_of(flags: str | None) -> str:
-        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "LIBTPU_INIT_ARGS")}
+    def cache_of(flags: str | None, interleave: str | None = None) -> str:
+        drop = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "TPUK_VECTOR_INTERLEAVE")
+        env = {k: v for k, v in os.environ.items() if k not in drop}
         env["TPUK_CACHE"] = str(tmp_path)
         if flags is not None:
             env["XLA_FLAGS"] = flags
+        if interleave is not None:
+            env["TPUK_VECTOR_INTERLEAVE"] = interleave
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         return r.stdout.strip().splitlines()[-1]
@@ -131,4 +136,9 @@ def test_compile_cache_keys_see_the_compilers_flags(tmp_path):
     assert cache_of("--xla_cpu_enable_fast_math=false") == "compiled"
     assert cache_of(None) == "diskhit"
     assert cache_of("--xla_cpu_enable_fast_math=false") == "diskhit"
-    assert cache_of("") == "compiled"  # set but empty is told apart from unset
+    # Unset and empty both become the interleave count alone: the same program.
+    assert cache_of("") == "diskhit"
+    assert cache_of(None, interleave="4") == "compiled"
+    assert cache_of(None, interleave="4") == "diskhit"
+    assert cache_of(None, interleave="off") == "compiled"
+    assert cache_of("", interleave="off") == "compiled"  # set but empty is told apart from unset

@@ -31,7 +31,8 @@ print(r.cpu_execution, "|", "TPUK_CPU_ASYNC" in str(r))
 
 
 def _run(**env: str) -> list[str]:
-    full = {k: v for k, v in os.environ.items() if k not in ("TPUK_CPU_ASYNC", "XLA_FLAGS")}
+    drop = ("TPUK_CPU_ASYNC", "XLA_FLAGS", "TPUK_VECTOR_INTERLEAVE")
+    full = {k: v for k, v in os.environ.items() if k not in drop}
     full.update(env)
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(CODE)], env=full, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -56,7 +57,9 @@ def test_tpuk_cpu_async_gives_the_worker_thread_back_and_the_report_says_so():
 
 
 def test_programs_compile_with_512_bit_vectors_on_an_avx512_host_unless_xla_flags_say():
-    expected = {"xla_cpu_prefer_vector_width": 512} if _avx512() else {}
+    # The loop interleave count (test_vector_interleave.py) is listed beside the width.
+    interleave = {"xla_backend_extra_options": "-force-vector-interleave=8"}
+    expected = {"xla_cpu_prefer_vector_width": 512, **interleave} if _avx512() else interleave
     assert _run()[-2] == repr(expected)
     # The user's own setting of the flag wins: nothing is added over it.
-    assert _run(XLA_FLAGS="--xla_cpu_prefer_vector_width=256")[-2] == "{}"
+    assert _run(XLA_FLAGS="--xla_cpu_prefer_vector_width=256")[-2] == repr(interleave)

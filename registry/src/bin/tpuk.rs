@@ -11,7 +11,9 @@ use serde_json::json;
 use tpu_kernels::registration::{CacheKey, KernelSignature, Platform};
 use tpu_kernels_registry::cache::{CacheConfig, CompileCache};
 use tpu_kernels_registry::check::{self, RunReport, TpuCompileReport};
-use tpu_kernels_registry::pjrt::{Client, ClientOptions, Plugin, Topology};
+use tpu_kernels_registry::pjrt::{
+    Client, ClientOptions, Plugin, Topology, interleave_vector_loops,
+};
 use tpu_kernels_registry::{Index, Kernel, KernelSource};
 
 #[derive(Parser)]
@@ -97,6 +99,7 @@ fn signature(k: &Kernel, text: &str) -> Result<KernelSignature> {
 }
 
 fn cpu_client() -> Result<(Client, CompileCache)> {
+    interleave_vector_loops().map_err(|e| anyhow!(e))?;
     let plugin = Plugin::cpu().context("loading the PJRT CPU plugin")?;
     let client = Client::new(&plugin, ClientOptions::new()).context("creating a CPU client")?;
     Ok((client, CompileCache::new(CacheConfig::from_env())))

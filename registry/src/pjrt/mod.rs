@@ -38,6 +38,7 @@ mod error;
 mod event;
 mod executable;
 mod host_call;
+mod interleave;
 mod malloc;
 pub(crate) mod plugin;
 mod proto;
@@ -54,6 +55,9 @@ pub use compile::{
 pub use error::{Error, ErrorCode, Result, Runtime};
 pub use executable::{Execution, Input, LoadedExecutable, ParameterSpec};
 pub use host_call::{HostArg, HostCall, HostFunction, HostResult, register_host_function};
+pub use interleave::{
+    InterleavePolicy, VECTOR_INTERLEAVE, interleave_policy, interleave_vector_loops,
+};
 pub use malloc::{
     MMAP_THRESHOLD, MallocPolicy, TRIM_THRESHOLD, malloc_policy, retain_large_blocks,
 };
