@@ -33,8 +33,7 @@ use tpu_kernels_registry::graph::{
     self, Graph, IndexResolver, KernelCall, KernelResolver, OpCall, ShardSpec,
 };
 use tpu_kernels_registry::pjrt::{
-    Buffer, CompileOptions, InterleavePolicy, LoadedExecutable, OptionOverride, Program, ViewCache,
-    interleave_policy,
+    Buffer, CompileOptions, LoadedExecutable, OptionOverride, Program, ViewCache, interleave_policy,
 };
 use tpu_kernels_registry::tuning::{self, Tuner};
 use tpu_kernels_registry::{
@@ -1340,9 +1339,9 @@ fn stats<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
                 OptionOverride::Str(s) => compile_options.set_item(name, s)?,
             }
         }
-        if let Some(Ok(InterleavePolicy::Set(n))) = interleave_policy() {
-            compile_options
-                .set_item("xla_backend_extra_options", format!("-force-vector-interleave={n}"))?;
+        if let Some(option) = interleave_policy().and_then(Result::ok).and_then(|p| p.llvm_option())
+        {
+            compile_options.set_item("xla_backend_extra_options", option)?;
         }
     }
     d.set_item("cpu_compile_options", compile_options)?;

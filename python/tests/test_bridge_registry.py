@@ -108,7 +108,7 @@ def test_checks_emit_compile_run(cleanup):
 def test_compile_cache_keys_see_the_compilers_flags(tmp_path):
     """A program compiled under other `XLA_FLAGS` is compiled again, not loaded from disk (a flag
     can change the code XLA emits); the same flags find the entry again. The loop interleave
-    count tpu_kernels puts in `XLA_FLAGS` is one of them: another count, or none, compiles
+    option tpu_kernels puts in `XLA_FLAGS` is one of them: a forced count, or none, compiles
     again."""
     import subprocess
     import sys
@@ -136,7 +136,7 @@ def test_compile_cache_keys_see_the_compilers_flags(tmp_path):
     assert cache_of("--xla_cpu_enable_fast_math=false") == "compiled"
     assert cache_of(None) == "diskhit"
     assert cache_of("--xla_cpu_enable_fast_math=false") == "diskhit"
-    # Unset and empty both become the interleave count alone: the same program.
+    # Unset and empty both become the interleave option alone: the same program.
     assert cache_of("") == "diskhit"
     assert cache_of(None, interleave="4") == "compiled"
     assert cache_of(None, interleave="4") == "diskhit"

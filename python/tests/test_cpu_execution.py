@@ -57,8 +57,8 @@ def test_tpuk_cpu_async_gives_the_worker_thread_back_and_the_report_says_so():
 
 
 def test_programs_compile_with_512_bit_vectors_on_an_avx512_host_unless_xla_flags_say():
-    # The loop interleave count (test_vector_interleave.py) is listed beside the width.
-    interleave = {"xla_backend_extra_options": "-force-vector-interleave=8"}
+    # The loop interleave option (test_vector_interleave.py) is listed beside the width.
+    interleave = {"xla_backend_extra_options": "-small-loop-cost=2000"}
     expected = {"xla_cpu_prefer_vector_width": 512, **interleave} if _avx512() else interleave
     assert _run()[-2] == repr(expected)
     # The user's own setting of the flag wins: nothing is added over it.

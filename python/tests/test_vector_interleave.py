@@ -1,6 +1,7 @@
-"""XLA:CPU's vectorized loops interleave 8 vectors (`registry::pjrt::interleave`): before the
-first CPU client, tpu_kernels appends LLVM's `-force-vector-interleave` to the process's
-`XLA_FLAGS`, which the plugin reads at its first compile. Each way is checked in a fresh
+"""XLA:CPU's vectorized loops interleave vectors (`registry::pjrt::interleave`): before the
+first CPU client, tpu_kernels appends an LLVM option to the process's `XLA_FLAGS`, which the
+plugin reads at its first compile: `-small-loop-cost=2000` by default, a forced
+`-force-vector-interleave` count under `TPUK_VECTOR_INTERLEAVE=N`. Each way is checked in a fresh
 interpreter (the setting is made once per process): what the process's environment holds as the
 plugin compiles (read with the C library's `getenv`, as the plugin reads it, not `os.environ`'s
 copy from start-up), what `report()` lists, and that a kernel compiled under it runs through
@@ -32,7 +33,7 @@ flags = (getenv(b"XLA_FLAGS") or b"").decode()
 print(repr(flags), "|", report().cpu_compile_options.get("xla_backend_extra_options"))
 """
 
-OURS = "--xla_backend_extra_options=-force-vector-interleave="
+OURS = "--xla_backend_extra_options="
 
 
 def _run(**env: str) -> str:
@@ -43,13 +44,14 @@ def _run(**env: str) -> str:
     return out.stdout.strip().splitlines()[-1]
 
 
-def test_the_plugin_compiles_with_8_vectors_in_flight_and_the_report_says_so():
-    assert _run() == f"'{OURS}8' | -force-vector-interleave=8"
+def test_the_plugin_compiles_with_the_small_loop_cost_raised_and_the_report_says_so():
+    assert _run() == f"'{OURS}-small-loop-cost=2000' | -small-loop-cost=2000"
+    assert _run(TPUK_VECTOR_INTERLEAVE="auto") == f"'{OURS}-small-loop-cost=2000' | -small-loop-cost=2000"
 
 
-def test_the_count_is_appended_to_the_users_other_flags():
+def test_a_forced_count_is_appended_to_the_users_other_flags():
     assert _run(XLA_FLAGS="--xla_cpu_enable_fast_math=false", TPUK_VECTOR_INTERLEAVE="4") == (
-        f"'--xla_cpu_enable_fast_math=false {OURS}4' | -force-vector-interleave=4"
+        f"'--xla_cpu_enable_fast_math=false {OURS}-force-vector-interleave=4' | -force-vector-interleave=4"
     )
 
 
@@ -63,4 +65,4 @@ def test_the_users_own_llvm_options_and_off_are_left_as_they_are():
 def test_a_bad_count_is_refused_by_name_before_anything_compiles(bad):
     line = _run(TPUK_VECTOR_INTERLEAVE=bad)
     assert line.startswith("ERROR RuntimeUnavailableError"), line
-    assert f'TPUK_VECTOR_INTERLEAVE="{bad}" is not an interleave count' in line, line
+    assert f'TPUK_VECTOR_INTERLEAVE="{bad}" is not an interleave setting' in line, line

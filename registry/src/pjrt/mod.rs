@@ -56,7 +56,7 @@ pub use error::{Error, ErrorCode, Result, Runtime};
 pub use executable::{Execution, Input, LoadedExecutable, ParameterSpec};
 pub use host_call::{HostArg, HostCall, HostFunction, HostResult, register_host_function};
 pub use interleave::{
-    InterleavePolicy, VECTOR_INTERLEAVE, interleave_policy, interleave_vector_loops,
+    InterleavePolicy, SMALL_LOOP_COST, interleave_policy, interleave_vector_loops,
 };
 pub use malloc::{
     MMAP_THRESHOLD, MallocPolicy, TRIM_THRESHOLD, malloc_policy, retain_large_blocks,
