@@ -86,8 +86,13 @@ pub mod math {
 
     fn log_softmax_of(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
         let xf = upcast(x);
-        let shifted = xf - xf.amax(&[dim], true);
-        (shifted - shifted.exp().sum(&[dim], true).log()).cast(x.dtype())
+        let max = xf.amax(&[dim], true);
+        let log_sum = (xf - max).exp().sum(&[dim], true).log();
+        // The output shifts by `x + (-max)`, the same rounding as `x - max`, but another
+        // operation: were it the sum's own `x - max`, that [.., D] value would have two users
+        // and XLA:CPU would write it out whole between its reduction fusion and the output,
+        // a fourth pass over memory.
+        ((xf + (-max)) - log_sum).cast(x.dtype())
     }
 }
 

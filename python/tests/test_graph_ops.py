@@ -519,6 +519,21 @@ def test_op_numerics(name):
             np.testing.assert_allclose(r, w, rtol=2e-5, atol=2e-6, err_msg=f"output {i}")
 
 
+
+@pytest.mark.parametrize("offset", [1e3, 1e4])
+def test_log_softmax_lowering_keeps_precision_far_from_zero(offset):
+    """`_log_softmax`'s lowering shifts its output by `x + (-max)`, not by `max + log(sum)`,
+    whose rounding of `max` would cost about half an ulp of it (5e-4 at logits of 1e4). Against
+    f64, the lowered graph's error stays within 3x of PyTorch's f32 kernel (and 1e-5)."""
+    x = randn(16, 512) * 3 + offset
+    gm = make_fx(lambda x: a._log_softmax(x, 1, False))(x)
+    [got] = graph_lowering.run_reference(graph_lowering.lower(fx_to_json(gm, "log_softmax_far")), [x.numpy()])
+    ref = torch.log_softmax(x.double(), 1).numpy()
+    err_ours = float(np.abs(got.astype(np.float64) - ref).max())
+    err_theirs = float(np.abs(torch.log_softmax(x, 1).double().numpy() - ref).max())
+    assert err_ours <= max(3 * err_theirs, 1e-5), (offset, err_ours, err_theirs)
+
+
 def test_the_cases_cover_the_table():
     """Every table entry is exercised by the GPT block or a case here (or listed as untested)."""
     import json

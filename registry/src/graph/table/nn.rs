@@ -657,21 +657,29 @@ fn softmax_input<'b>(cx: &Cx<'_, 'b>) -> R<(Tensor<'b>, i64)> {
     Ok((x, d))
 }
 
-/// `exp(x - max)` and its sum along `d`, in the compute type, for both softmaxes.
-fn shifted<'b>(b: &'b KernelBuilder, x: Tensor<'b>, d: usize) -> R<(Tensor<'b>, Tensor<'b>)> {
+/// Softmax's parts along `d`, in the compute type: the input `xf`, its max `m` (kept dims),
+/// `x - max`, and the sum of `exp(x - max)` broadcast back.
+struct Shifted<'b> {
+    xf: Tensor<'b>,
+    m: Tensor<'b>,
+    s: Tensor<'b>,
+    sum: Tensor<'b>,
+}
+
+fn shifted<'b>(b: &'b KernelBuilder, x: Tensor<'b>, d: usize) -> R<Shifted<'b>> {
     let xf = convert(b, x, acc_type(x.dtype()))?;
     let m = reduce(b, xf, BinaryOp::Maximum, Scalar::Float(f64::NEG_INFINITY), &[d], true)?;
     let s = b.binary(BinaryOp::Subtract, xf, b.broadcast_to(m, &xf.shape())?)?;
     let e = b.unary(UnaryOp::Exp, s)?;
     let sum = reduce(b, e, BinaryOp::Add, Scalar::Int(0), &[d], true)?;
-    Ok((s, b.broadcast_to(sum, &xf.shape())?))
+    Ok(Shifted { xf, m, s, sum: b.broadcast_to(sum, &xf.shape())? })
 }
 
 /// `_softmax`: `exp(x - max) / sum(exp(x - max))`.
 pub(super) fn softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let (x, d) = softmax_input(cx)?;
     let b = cx.b;
-    let (s, sum) = shifted(b, x, d as usize)?;
+    let Shifted { s, sum, .. } = shifted(b, x, d as usize)?;
     let r = b.binary(BinaryOp::Divide, b.unary(UnaryOp::Exp, s)?, sum)?;
     one(convert(b, r, x.dtype())?)
 }
@@ -709,8 +717,13 @@ pub(super) fn safe_softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
 pub(super) fn log_softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let (x, d) = softmax_input(cx)?;
     let b = cx.b;
-    let (s, sum) = shifted(b, x, d as usize)?;
-    let r = b.binary(BinaryOp::Subtract, s, b.unary(UnaryOp::Log, sum)?)?;
+    let Shifted { xf, m, sum, .. } = shifted(b, x, d as usize)?;
+    // The output shifts by `x + (-max)`, the same rounding as the sum's `x - max` but another
+    // operation: were it that same value, it would have two users and XLA:CPU would write it
+    // out whole between the sum's reduction fusion and the output, a fourth pass over memory.
+    let neg_m = b.broadcast_to(b.unary(UnaryOp::Negate, m)?, &xf.shape())?;
+    let shifted_again = b.binary(BinaryOp::Add, xf, neg_m)?;
+    let r = b.binary(BinaryOp::Subtract, shifted_again, b.unary(UnaryOp::Log, sum)?)?;
     one(convert(b, r, x.dtype())?)
 }
 
