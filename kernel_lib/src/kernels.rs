@@ -86,13 +86,12 @@ pub mod math {
 
     fn log_softmax_of(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
         let xf = upcast(x);
-        let max = xf.amax(&[dim], true);
-        let log_sum = (xf - max).exp().sum(&[dim], true).log();
-        // The output shifts by `x + (-max)`, the same rounding as `x - max`, but another
-        // operation: were it the sum's own `x - max`, that [.., D] value would have two users
-        // and XLA:CPU would write it out whole between its reduction fusion and the output,
-        // a fourth pass over memory.
-        ((xf + (-max)) - log_sum).cast(x.dtype())
+        // Two copies of the row max (`Tensor::copies`): were `x - max` one value feeding both the
+        // sum and the output, XLA:CPU would write it out whole between them, a fourth pass over
+        // memory.
+        let [max_sum, max_out] = xf.amax(&[dim], true).copies();
+        let log_sum = (xf - max_sum).exp().sum(&[dim], true).log();
+        ((xf - max_out) - log_sum).cast(x.dtype())
     }
 }
 
@@ -164,7 +163,7 @@ pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
 /// Gradient of [`fn@rms_norm`] for `grad`, the gradient of its output: `(dx, dweight)`.
 ///
 /// With `r = rsqrt(mean(x², -1) + eps)` and `gw = grad * weight`:
-/// `dx = r * gw - x * r³ * mean(gw * x, -1)` and `dweight = sum(grad * x * r)` over every
+/// `dx = gw * r - x * (r³ * mean(gw * x, -1))` and `dweight = sum(grad * x * r)` over every
 /// dimension but the last. Computed in f32 for 16-bit inputs.
 #[tpu_kernel(
     op = "tpuk::rms_norm_backward",
@@ -192,10 +191,15 @@ pub fn rms_norm_backward(
     }
     let (gf, xf, wf) = (upcast(grad), upcast(x), upcast(weight));
     let r = ((xf * xf).mean(&[-1], true) + eps).rsqrt();
-    let gw = gf * wf;
-    let dx = r * gw - xf * r * r * r * (gw * xf).mean(&[-1], true);
+    // The row sum, the column sum and `dx` each broadcast their own copy of the weight and of
+    // `r` (`Tensor::copies`), so that no large product is shared between two of them: XLA:CPU
+    // would write a shared one out whole.
+    let [w_sum, w_out] = wf.copies();
+    let [r_sum, r_out] = r.copies();
     let leading: Vec<i64> = (0..x.rank() as i64 - 1).collect();
-    let dw = (gf * xf * r).sum(&leading, false);
+    let m = (gf * w_sum * xf).mean(&[-1], true);
+    let dw = (gf * xf * r_sum).sum(&leading, false);
+    let dx = gf * w_out * r_out - xf * (r_out * r_out * r_out * m);
     Ok((dx.cast(x.dtype()), dw.cast(weight.dtype())))
 }
 

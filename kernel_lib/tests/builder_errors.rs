@@ -722,3 +722,33 @@ fn scatter_prints_as_stablehlo_generic_form() {
         assert!(text.contains(piece), "`{piece}` missing from:\n{text}");
     }
 }
+
+#[test]
+fn optimization_barrier_copies_and_errors() {
+    let b = builder(&[t(DType::F32, &[4, 8]), t(DType::F32, &[8])]);
+    let [x, w] = [b.arg(0).unwrap(), b.arg(1).unwrap()];
+    // Two copies of `w` behind one barrier: two results of its type, one op in the text.
+    let [w1, w2] = w.copies();
+    assert_eq!((w1.ty(), w2.ty()), (t(DType::F32, &[8]), t(DType::F32, &[8])));
+    let pair = b.optimization_barrier(&[x, w]).unwrap();
+    assert_eq!(pair.iter().map(|p| p.ty()).collect::<Vec<_>>(), [x.ty(), w.ty()]);
+    let module = b.finish(&[x * w1 + x * w2]).unwrap();
+    let text = tpu_kernels::printer::print_module(&module);
+    assert!(
+        text.contains(
+            "%0:2 = stablehlo.optimization_barrier %arg1, %arg1 : tensor<8xf32>, tensor<8xf32>"
+        ),
+        "{text}"
+    );
+    expect_err(
+        b.optimization_barrier(&[]),
+        ErrorKind::Shape,
+        &["stablehlo.optimization_barrier", "at least one operand"],
+    );
+    let other = builder(&[t(DType::F32, &[8])]);
+    expect_err(
+        other.optimization_barrier(&[other.arg(0).unwrap(), w]),
+        ErrorKind::ForeignValue,
+        &["stablehlo.optimization_barrier"],
+    );
+}

@@ -609,6 +609,22 @@ impl KernelBuilder {
         })
     }
 
+    /// `stablehlo.optimization_barrier`: `xs` unchanged, as values the compiler cannot see
+    /// through. Each result is a separate name for its operand's value: XLA neither merges an
+    /// expression of one result with the same expression of another (or of the operand) nor
+    /// moves work across the barrier. A kernel gives each consumer of a value its own copy when
+    /// one shared expression would cost a pass over memory (see `Tensor::copies`).
+    pub fn optimization_barrier<'b>(
+        &'b self,
+        xs: &[Tensor<'b>],
+    ) -> Result<Vec<Tensor<'b>>, BuildError> {
+        let op = "stablehlo.optimization_barrier";
+        let operands: Vec<ValueId> =
+            xs.iter().map(|x| self.check(op, *x)).collect::<Result<_, _>>()?;
+        let results = self.push(Op::OptimizationBarrier { operands })?;
+        Ok(results.into_iter().map(|r| self.tensor(r)).collect())
+    }
+
     /// `stablehlo.reverse`: `x` with the order of its elements along `dims` reversed.
     pub fn reverse(&self, x: Tensor<'_>, dims: &[i64]) -> Result<Tensor<'_>, BuildError> {
         let operand = self.check("stablehlo.reverse", x)?;
@@ -1087,6 +1103,24 @@ impl<'b> Tensor<'b> {
         }
         let s = self.sum(axes, keepdim);
         s * (1.0 / count as f64)
+    }
+
+    /// `N` copies of this value behind one `stablehlo.optimization_barrier`: the same value
+    /// under `N` names that XLA does not merge back into one expression. XLA:CPU hands a
+    /// reduction to a YNNPACK fusion only with operands no other operation uses; a broadcast or
+    /// product shared between a reduction and another consumer is written out whole, a pass
+    /// over memory each way. Giving each consumer its own copy of the small value (a row's
+    /// mean, a weight vector) keeps every large expression single-use. Take all copies of a
+    /// value in one call: two barriers over the same operand are one expression again.
+    pub fn copies<const N: usize>(self) -> [Tensor<'b>; N] {
+        let r = self.b.optimization_barrier(&[self; N]);
+        match r {
+            Ok(v) => std::array::from_fn(|i| v[i]),
+            Err(e) => {
+                let poisoned = self.b.defer(Err(e));
+                [poisoned; N]
+            }
+        }
     }
 
     /// Matrix product over the last dimension of `self` and the first of `rhs`

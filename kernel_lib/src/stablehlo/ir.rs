@@ -430,6 +430,11 @@ pub enum Op {
         index: ValueId,
         branches: Vec<RegionId>,
     },
+    /// `operands` unchanged, as values the compiler cannot see through: it neither merges a
+    /// result with another expression of the same value nor moves work across the barrier.
+    OptimizationBarrier {
+        operands: Vec<ValueId>,
+    },
     Call {
         callee: String,
         args: Vec<ValueId>,
@@ -470,6 +475,7 @@ impl Op {
             Op::DotGeneral { .. } => "stablehlo.dot_general",
             Op::Convolution { .. } => "stablehlo.convolution",
             Op::Reverse { .. } => "stablehlo.reverse",
+            Op::OptimizationBarrier { .. } => "stablehlo.optimization_barrier",
             Op::Sort { .. } => "stablehlo.sort",
             Op::While { .. } => "stablehlo.while",
             Op::Case { .. } => "stablehlo.case",
@@ -505,7 +511,8 @@ impl Op {
             Op::Scatter { operand, indices, updates, .. } => vec![*operand, *indices, *updates],
             Op::Concatenate { operands, .. }
             | Op::While { operands, .. }
-            | Op::Sort { operands, .. } => operands.clone(),
+            | Op::Sort { operands, .. }
+            | Op::OptimizationBarrier { operands } => operands.clone(),
             Op::Pad { operand, value, .. } => vec![*operand, *value],
             Op::Reduce { operands, inits, .. } => {
                 operands.iter().chain(inits.iter()).copied().collect()
@@ -1453,6 +1460,12 @@ pub fn infer(op: &Op, cx: &dyn InferCx) -> Result<Vec<TensorType>, OpError> {
                 }
             }
             Ok(want)
+        }
+        Op::OptimizationBarrier { operands } => {
+            if operands.is_empty() {
+                return Err(op_err!(Shape, "optimization_barrier needs at least one operand"));
+            }
+            Ok(operands.iter().map(&ty).collect())
         }
         Op::Call { callee, args } | Op::Composite { decomposition: callee, args, .. } => {
             let Some(sig) = cx.callee(callee) else {

@@ -403,6 +403,11 @@ impl<'a> FnPrinter<'a> {
                     self.ty(*operand)
                 )
             }
+            Op::OptimizationBarrier { operands } => {
+                let lhs = self.bind(res);
+                let tys = types(&self.tys(operands));
+                format!("{lhs}stablehlo.optimization_barrier {} : {tys}", self.names(operands))
+            }
             Op::Call { callee, args } => {
                 let ft = self.functional(args, res);
                 let lhs = self.bind(res);

@@ -718,11 +718,11 @@ pub(super) fn log_softmax<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let (x, d) = softmax_input(cx)?;
     let b = cx.b;
     let Shifted { xf, m, sum, .. } = shifted(b, x, d as usize)?;
-    // The output shifts by `x + (-max)`, the same rounding as the sum's `x - max` but another
-    // operation: were it that same value, it would have two users and XLA:CPU would write it
+    // The output subtracts its own copy of the max (behind an optimization barrier): were it
+    // the sum's `x - max`, that [.., D] value would have two users and XLA:CPU would write it
     // out whole between the sum's reduction fusion and the output, a fourth pass over memory.
-    let neg_m = b.broadcast_to(b.unary(UnaryOp::Negate, m)?, &xf.shape())?;
-    let shifted_again = b.binary(BinaryOp::Add, xf, neg_m)?;
+    let m = b.optimization_barrier(&[m])?[0];
+    let shifted_again = b.binary(BinaryOp::Subtract, xf, b.broadcast_to(m, &xf.shape())?)?;
     let r = b.binary(BinaryOp::Subtract, shifted_again, b.unary(UnaryOp::Log, sum)?)?;
     one(convert(b, r, x.dtype())?)
 }
