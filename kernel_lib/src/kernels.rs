@@ -408,9 +408,13 @@ pub fn swiglu_backward(
         return Err(shape_error("swiglu_backward", "swiglu_backward", message));
     }
     let (gf, xf, uf) = (upcast(grad), upcast(gate), upcast(up));
-    let s = xf.sigmoid();
-    let dgate = gf * uf * s * ((1.0 - s) * xf + 1.0);
-    let dup = gf * xf * s;
+    // Each output computes its own sigmoid from its own copy of the gate (`Tensor::copies`):
+    // a shared one is written out whole by XLA:CPU and read back by both, which costs more
+    // than a second sigmoid (4.21 -> 2.71 ms at f32[1024,4096]).
+    let [x_gate, x_up] = xf.copies();
+    let s = x_gate.sigmoid();
+    let dgate = gf * uf * s * ((1.0 - s) * x_gate + 1.0);
+    let dup = gf * x_up * x_up.sigmoid();
     Ok((dgate.cast(gate.dtype()), dup.cast(up.dtype())))
 }
 
