@@ -30,6 +30,14 @@ fn upcast(x: Tensor<'_>) -> Tensor<'_> {
     x.cast(compute_type(x.dtype()))
 }
 
+/// `N` upcasts of `x`, one per consumer. For a 16-bit `x` each is its own convert of its own
+/// copy (`Tensor::copies`): one convert shared by a reduction and another consumer is written
+/// out whole in f32 by XLA:CPU and read back (48 MiB of traffic for a bf16[1024,4096] input
+/// that is 8 MiB itself). An `x` already in its compute type is returned as it is.
+fn upcasts<const N: usize>(x: Tensor<'_>) -> [Tensor<'_>; N] {
+    if compute_type(x.dtype()) == x.dtype() { [x; N] } else { x.copies().map(upcast) }
+}
+
 /// Tensor functions the kernels are made of, usable inside any kernel body.
 pub mod math {
     use super::upcast;
@@ -85,13 +93,13 @@ pub mod math {
     }
 
     fn log_softmax_of(x: Tensor<'_>, dim: i64) -> Tensor<'_> {
-        let xf = upcast(x);
-        // Two copies of the row max (`Tensor::copies`): were `x - max` one value feeding both the
-        // sum and the output, XLA:CPU would write it out whole between them, a fourth pass over
-        // memory.
-        let [max_sum, max_out] = xf.amax(&[dim], true).copies();
-        let log_sum = (xf - max_sum).exp().sum(&[dim], true).log();
-        ((xf - max_out) - log_sum).cast(x.dtype())
+        // Two copies of the row max (`Tensor::copies`) and of the input (`upcasts`): were
+        // `x - max` one value feeding both the sum and the output, XLA:CPU would write it out
+        // whole between them, a fourth pass over memory.
+        let [x_max, x_sum, x_out] = super::upcasts(x);
+        let [max_sum, max_out] = x_max.amax(&[dim], true).copies();
+        let log_sum = (x_sum - max_sum).exp().sum(&[dim], true).log();
+        ((x_out - max_out) - log_sum).cast(x.dtype())
     }
 }
 
@@ -154,9 +162,9 @@ pub fn silu(self_: Tensor) -> Tensor {
     canonical = ["f32[8,128], f32[128]", "bf16[4,256], bf16[256]", "f32[3,5,33], f32[33]; eps=1e-5"],
 )]
 pub fn rms_norm(x: Tensor, weight: Tensor, eps: f64) -> Tensor {
-    let xf = upcast(x);
-    let ms = (xf * xf).mean(&[-1], true);
-    let normed = xf * (ms + eps).rsqrt();
+    let [x_sum, x_out] = upcasts(x);
+    let ms = (x_sum * x_sum).mean(&[-1], true);
+    let normed = x_out * (ms + eps).rsqrt();
     (normed * upcast(weight)).cast(x.dtype())
 }
 
@@ -189,17 +197,19 @@ pub fn rms_norm_backward(
         let message = format!("grad {} and x {} differ in shape", grad.ty(), x.ty());
         return Err(shape_error("rms_norm_backward", "rms_norm_backward", message));
     }
-    let (gf, xf, wf) = (upcast(grad), upcast(x), upcast(weight));
-    let r = ((xf * xf).mean(&[-1], true) + eps).rsqrt();
-    // The row sum, the column sum and `dx` each broadcast their own copy of the weight and of
-    // `r` (`Tensor::copies`), so that no large product is shared between two of them: XLA:CPU
-    // would write a shared one out whole.
-    let [w_sum, w_out] = wf.copies();
+    // The row sum, the column sum and `dx` each read their own copies of the inputs (16-bit
+    // ones converted apart, `upcasts`) and broadcast their own copy of the weight and of `r`
+    // (`Tensor::copies`), so that no large value is shared between two of them: XLA:CPU would
+    // write a shared one out whole.
+    let [g_sum, g_dw, g_out] = upcasts(grad);
+    let [x_ms, x_sum, x_dw, x_out] = upcasts(x);
+    let r = ((x_ms * x_ms).mean(&[-1], true) + eps).rsqrt();
+    let [w_sum, w_out] = upcast(weight).copies();
     let [r_sum, r_out] = r.copies();
     let leading: Vec<i64> = (0..x.rank() as i64 - 1).collect();
-    let m = (gf * w_sum * xf).mean(&[-1], true);
-    let dw = (gf * xf * r_sum).sum(&leading, false);
-    let dx = gf * w_out * r_out - xf * (r_out * r_out * r_out * m);
+    let m = (g_sum * w_sum * x_sum).mean(&[-1], true);
+    let dw = (g_dw * x_dw * r_sum).sum(&leading, false);
+    let dx = g_out * w_out * r_out - x_out * (r_out * r_out * r_out * m);
     Ok((dx.cast(x.dtype()), dw.cast(weight.dtype())))
 }
 
@@ -228,15 +238,17 @@ pub fn layer_norm(
     bias: Tensor,
     eps: f64,
 ) -> (Tensor, Tensor, Tensor) {
-    let xf = upcast(input);
-    let mean = xf.mean(&[-1], true);
-    let centered = xf - mean;
+    let [x_mean, x_var, x_out] = upcasts(input);
+    let mean = x_mean.mean(&[-1], true);
+    // The variance and the output each subtract their own copy of the mean (`Tensor::copies`),
+    // so the centered input is not one value two passes share: XLA:CPU would write it out
+    // whole. The variance's pass folds its centering in, the output's likewise: 3 passes over
+    // the input in all, each with PyTorch's own `(x - mean) * rstd`.
+    let [mean_var, mean_out] = mean.copies();
+    let centered = x_var - mean_var;
     let var = (centered * centered).mean(&[-1], true);
     let rstd = (var + eps).rsqrt();
-    // The output scales the input and shifts it per row, so the centered input feeds only the
-    // variance's reduction and XLA:CPU folds it into that pass instead of materialising it
-    // (4 passes over the input in place of 6; docs/perf-log.md).
-    let out = (xf * rstd - mean * rstd) * upcast(weight) + upcast(bias);
+    let out = (x_out - mean_out) * rstd * upcast(weight) + upcast(bias);
     (out.cast(input.dtype()), mean.cast(input.dtype()), rstd.cast(input.dtype()))
 }
 
@@ -407,14 +419,16 @@ pub fn swiglu_backward(
             format!("grad {}, gate {} and up {} differ in shape", grad.ty(), gate.ty(), up.ty());
         return Err(shape_error("swiglu_backward", "swiglu_backward", message));
     }
-    let (gf, xf, uf) = (upcast(grad), upcast(gate), upcast(up));
     // Each output computes its own sigmoid from its own copy of the gate (`Tensor::copies`):
     // a shared one is written out whole by XLA:CPU and read back by both, which costs more
-    // than a second sigmoid (4.21 -> 2.71 ms at f32[1024,4096]).
-    let [x_gate, x_up] = xf.copies();
+    // than a second sigmoid (4.21 -> 2.71 ms at f32[1024,4096]). 16-bit inputs are converted
+    // apart for each output (`upcasts`) for the same reason.
+    let [g_gate, g_up] = upcasts(grad);
+    let uf = upcast(up);
+    let [x_gate, x_up] = gate.copies().map(upcast);
     let s = x_gate.sigmoid();
-    let dgate = gf * uf * s * ((1.0 - s) * x_gate + 1.0);
-    let dup = gf * x_up * x_up.sigmoid();
+    let dgate = g_gate * uf * s * ((1.0 - s) * x_gate + 1.0);
+    let dup = g_up * x_up * x_up.sigmoid();
     Ok((dgate.cast(gate.dtype()), dup.cast(up.dtype())))
 }
 

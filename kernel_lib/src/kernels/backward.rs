@@ -154,20 +154,23 @@ pub fn layer_norm_backward(
             return Err(shape_error(KERNEL, KERNEL, message));
         }
     }
-    let (g, x, w) = (upcast(grad_out), upcast(input), upcast(weight));
+    let [g_s1, g_s2, g_dw, g_db, g_out] = super::upcasts(grad_out);
+    let [x_s2, x_dw, x_out] = super::upcasts(input);
+    let w = upcast(weight);
     let (mu, r) = (upcast(mean), upcast(rstd));
-    // Each of the four reductions and `grad_input` reads its own copy of the weight, mean and
-    // rstd it needs (`Tensor::copies`): a `g * w` or `xhat` shared between two consumers would
+    // Each of the four reductions and `grad_input` reads its own copy of the inputs (16-bit
+    // ones converted apart, `upcasts`) and of the weight, mean and rstd it needs
+    // (`Tensor::copies`): a `g * w` or `xhat` shared between two consumers would
     // be written out whole by XLA:CPU and read back, 32 MiB more traffic each at
     // f32[1024,4096]. `mean(gw * xhat)` is `rstd * mean(gw * (x - mean))`, rstd factored out.
     let [w_s1, w_s2, w_out] = w.copies();
     let [mu_s2, mu_dw, mu_out] = mu.copies();
     let [r_dw, r_out] = r.copies();
-    let m1 = (g * w_s1).mean(&[-1], true);
-    let m2 = (g * w_s2 * (x - mu_s2)).mean(&[-1], true) * r;
-    let dx = r_out * (g * w_out - m1 - (x - mu_out) * r_out * m2);
+    let m1 = (g_s1 * w_s1).mean(&[-1], true);
+    let m2 = (g_s2 * w_s2 * (x_s2 - mu_s2)).mean(&[-1], true) * r;
+    let dx = r_out * (g_out * w_out - m1 - (x_out - mu_out) * r_out * m2);
     let leading: Vec<i64> = (0..input.rank() as i64 - 1).collect();
-    let dw = (g * ((x - mu_dw) * r_dw)).sum(&leading, false);
-    let db = g.sum(&leading, false);
+    let dw = (g_dw * ((x_dw - mu_dw) * r_dw)).sum(&leading, false);
+    let db = g_db.sum(&leading, false);
     Ok((dx.cast(input.dtype()), dw.cast(weight.dtype()), db.cast(bias.dtype())))
 }
