@@ -498,10 +498,12 @@ fn one_hot<'b>(logits: Tensor<'b>, target: Tensor<'b>) -> Result<Tensor<'b>, Bui
     canonical = ["f32[8,128], i64[8]", "bf16[4,256], i64[4]", "f32[7,33], i64[7]", "f16[1,5], i64[1]"],
 )]
 pub fn cross_entropy(logits: Tensor, target: Tensor) -> Result<Tensor, BuildError> {
-    let lf = upcast(logits);
+    // Each pass converts a 16-bit input apart (`upcasts`): one shared convert would be written
+    // out whole in f32.
+    let [l_max, l_sum, lf] = upcasts(logits);
     let n = logits.shape().0[0].clone();
-    let max = lf.amax(&[1], true);
-    let log_sum = (lf - max).exp().sum(&[1], false).log();
+    let max = l_max.amax(&[1], true);
+    let log_sum = (l_sum - max).exp().sum(&[1], false).log();
     // Row i's loss `-log_softmax(x)[i, t] = (max - x[i, t]) + log_sum`, the same roundings as
     // negating `(x[i, t] - max) - log_sum`, with `x[i, t]` gathered from the logits: no [N, C]
     // log-probabilities or one-hot selection is formed, two passes over the logits in all.
