@@ -522,9 +522,10 @@ def test_op_numerics(name):
 
 @pytest.mark.parametrize("offset", [1e3, 1e4])
 def test_log_softmax_lowering_keeps_precision_far_from_zero(offset):
-    """`_log_softmax`'s lowering shifts its output by `x + (-max)`, not by `max + log(sum)`,
-    whose rounding of `max` would cost about half an ulp of it (5e-4 at logits of 1e4). Against
-    f64, the lowered graph's error stays within 3x of PyTorch's f32 kernel (and 1e-5)."""
+    """`_log_softmax`'s lowering computes `(x - max) - log(sum)` from its own copy of the max,
+    not `x - (max + log(sum))`, whose rounding of `max` would cost about half an ulp of it (5e-4
+    at logits of 1e4). Against f64, the lowered graph's error stays within 3x of PyTorch's f32
+    kernel (and 1e-5)."""
     x = randn(16, 512) * 3 + offset
     gm = make_fx(lambda x: a._log_softmax(x, 1, False))(x)
     [got] = graph_lowering.run_reference(graph_lowering.lower(fx_to_json(gm, "log_softmax_far")), [x.numpy()])

@@ -1015,11 +1015,11 @@ def test_kernel_numerics(case: Case, dt: str) -> None:
 
 @pytest.mark.parametrize("offset", [0.0, 1e2, 1e3])
 def test_layer_norm_keeps_pytorchs_precision_far_from_zero(offset: float) -> None:
-    """The layer-norm kernel scales the input and shifts it per row (`x * rstd - mean * rstd`),
-    so the centered input is not materialised; rows whose mean is far from their spread lose
-    digits to that shift. Against f64, its error stays within 3x of PyTorch's own f32 kernel
-    (and 1e-5 when the mean is 0) at means of 0, 100 and 1000 standard deviations; the one-pass
-    variance E[x²] - mean² misses that by a factor of thousands at 1000."""
+    """The layer-norm kernel centers the input with its own copy of the mean for the variance
+    and another for the output (`Tensor::copies`), so the centered input is never one value two
+    passes share. Against f64, its error stays within 3x of PyTorch's own f32 kernel (and 1e-5
+    when the mean is 0) at means of 0, 100 and 1000 standard deviations; the one-pass variance
+    E[x²] - mean² misses that by a factor of thousands at 1000."""
     g = _seed(f"layer_norm-offset-{offset}")
     x64 = _randn(g, (64, 1024)) + offset
     w64, b64 = _randn(g, (1024,)), _randn(g, (1024,))
@@ -1040,10 +1040,11 @@ def test_layer_norm_keeps_pytorchs_precision_far_from_zero(offset: float) -> Non
 
 @pytest.mark.parametrize("offset", [0.0, 1e3, 1e4])
 def test_log_softmax_keeps_pytorchs_precision_far_from_zero(offset: float) -> None:
-    """The log-softmax kernel shifts its output by `x + (-max)`, not by the log-sum-exp
-    `max + log(sum)`: that one shift would round `max` into the sum's low digits, an error near
-    half an ulp of `max` (about 5e-4 at logits of 1e4). Against f64, its error stays within 3x of
-    PyTorch's own f32 kernel (and 1e-5) at logits offset by 0, 1000 and 10000."""
+    """The log-softmax kernel computes `(x - max) - log(sum)` from its own copy of the max
+    (`Tensor::copies`), not `x - (max + log(sum))`: that one shift would round `max` into the
+    sum's low digits, an error near half an ulp of `max` (about 5e-4 at logits of 1e4). Against
+    f64, its error stays within 3x of PyTorch's own f32 kernel (and 1e-5) at logits offset by 0,
+    1000 and 10000."""
     g = _seed(f"log_softmax-offset-{offset}")
     x = (_randn(g, (64, 1024)) * 3 + offset).float()
     ref = torch.log_softmax(x.double(), -1)

@@ -399,8 +399,13 @@ pub(super) fn group_norm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     let count = scalar_const(b, acc, Scalar::Float(((c / g) * hw).max(1) as f64))?;
     let s = reduce(b, grouped, BinaryOp::Add, Scalar::Int(0), &[2], true)?;
     let mean = b.binary(BinaryOp::Divide, s, count)?;
+    // The variance and the output center the input with their own copies of the mean (one
+    // optimization barrier, as `Tensor::copies` in kernel_lib): were `x - mean` one value both
+    // passes share, XLA:CPU would write it out whole.
+    let copies = b.optimization_barrier(&[mean, mean])?;
+    let (mean_var, mean_out) = (copies[0], copies[1]);
     let centered =
-        b.binary(BinaryOp::Subtract, grouped, b.broadcast_to(mean, &grouped.shape())?)?;
+        b.binary(BinaryOp::Subtract, grouped, b.broadcast_to(mean_var, &grouped.shape())?)?;
     let sq = b.binary(BinaryOp::Multiply, centered, centered)?;
     let var = b.binary(
         BinaryOp::Divide,
@@ -409,12 +414,10 @@ pub(super) fn group_norm<'b>(cx: &Cx<'_, 'b>) -> Out<'b> {
     )?;
     let eps = scalar_const(b, acc, Scalar::Float(eps))?;
     let rstd = b.unary(UnaryOp::Rsqrt, b.binary(BinaryOp::Add, var, eps)?)?;
-    // Scale and shift the input itself (`x * rstd - mean * rstd`), as `layer_norm` does: the
-    // centered input then feeds only the variance's reduction, and XLA:CPU folds it into that
-    // pass instead of materialising it.
-    let shift = b.binary(BinaryOp::Multiply, mean, rstd)?;
-    let scaled = b.binary(BinaryOp::Multiply, grouped, b.broadcast_to(rstd, &grouped.shape())?)?;
-    let normed = b.binary(BinaryOp::Subtract, scaled, b.broadcast_to(shift, &grouped.shape())?)?;
+    let centered_out =
+        b.binary(BinaryOp::Subtract, grouped, b.broadcast_to(mean_out, &grouped.shape())?)?;
+    let normed =
+        b.binary(BinaryOp::Multiply, centered_out, b.broadcast_to(rstd, &grouped.shape())?)?;
     let mut out = b.reshape(normed, x.shape())?;
     let full = out.ty();
     let per_channel = |t: Tensor<'b>| -> R<Tensor<'b>> {
